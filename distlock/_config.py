@@ -1,0 +1,145 @@
+"""Process-wide settings and the default Redis client.
+
+Nothing here connects: clients are created lazily and redis-py only opens a socket on the first
+command. ``configure()`` may be called at any time; a lock resolves its default client on first
+use, not at construction.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, replace
+from typing import Any, Dict, Optional, Union
+
+import redis
+
+from ._logic import check_seconds
+
+__all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
+
+ClientArg = Union["redis.Redis[Any]", "redis.RedisCluster[Any]", str, None]
+
+DEFAULT_URL = "redis://localhost:6379/0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Tunables shared by every primitive of this process.
+
+    - ``prefix``: the start of every key and channel (``distlock:``).
+    - ``lease``: the internal lease of watchdog holds, in seconds (30).
+    - ``renew_interval``: how often the watchdog renews those holds, in seconds (10); must be
+      shorter than ``lease``.
+    - ``wait_cap``: the longest a waiter at the head of its process' queue sleeps before it
+      tries again, whatever pub/sub says (2 s). Other waiters of the same lock in the same
+      process sleep at most ``wait_cap * queue_cap_factor``.
+    """
+
+    prefix: str = "distlock:"
+    lease: float = 30.0
+    renew_interval: float = 10.0
+    wait_cap: float = 2.0
+    queue_cap_factor: float = 10.0
+
+
+_lock = threading.Lock()
+_settings = Settings()
+_default: ClientArg = None
+_default_client: Optional["redis.Redis[Any]"] = None
+_url_clients: Dict[str, "redis.Redis[Any]"] = {}
+
+
+def settings() -> Settings:
+    return _settings
+
+
+def configure(
+    client: ClientArg = None,
+    *,
+    prefix: Optional[str] = None,
+    lease: Optional[float] = None,
+    renew_interval: Optional[float] = None,
+    wait_cap: Optional[float] = None,
+) -> Settings:
+    """Set the default client and/or the process-wide settings; return the settings in force.
+
+    ``client`` is a ``redis.Redis`` or a URL; ``None`` leaves the default client as it is. The
+    other arguments change only what they name. Raise TypeError or ValueError on bad values,
+    changing nothing.
+    """
+    global _settings, _default, _default_client
+    if client is not None:
+        check_client(client)
+    changes: Dict[str, Any] = {}
+    if prefix is not None:
+        if not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        changes["prefix"] = prefix
+    if lease is not None:
+        changes["lease"] = check_seconds(lease, "lease")
+    if renew_interval is not None:
+        changes["renew_interval"] = check_seconds(renew_interval, "renew_interval")
+    if wait_cap is not None:
+        changes["wait_cap"] = check_seconds(wait_cap, "wait_cap")
+    new = replace(_settings, **changes)
+    if new.renew_interval >= new.lease:
+        raise ValueError("renew_interval must be shorter than lease")
+    with _lock:
+        _settings = new
+        if client is not None:
+            _default = client
+            _default_client = None
+    return new
+
+
+def check_client(client: object) -> None:
+    """Raise TypeError unless ``client`` is a Redis client or a URL string, ValueError for a
+    URL redis-py cannot parse."""
+    if isinstance(client, str):
+        _client_for_url(client)
+        return
+    if isinstance(client, redis.Redis):
+        return
+    cluster = getattr(redis, "RedisCluster", None)
+    if cluster is not None and isinstance(client, cluster):
+        return
+    raise TypeError(
+        "client must be a redis.Redis, a redis.RedisCluster or a URL string, "
+        f"not {type(client).__name__}"
+    )
+
+
+def _client_for_url(url: str) -> "redis.Redis[Any]":
+    with _lock:
+        client = _url_clients.get(url)
+        if client is None:
+            client = redis.Redis.from_url(url)  # parses only; connects on first command
+            _url_clients[url] = client
+        return client
+
+
+def resolve_client(client: ClientArg) -> "redis.Redis[Any]":
+    """The client to use for ``client``: itself, the one for its URL, or the default."""
+    global _default_client
+    if client is None:
+        if _default_client is not None:
+            return _default_client
+        chosen = _default if _default is not None else os.environ.get("DISTLOCK_URL", DEFAULT_URL)
+        resolved = resolve_client(chosen) if chosen is not None else None
+        assert resolved is not None
+        with _lock:
+            _default_client = resolved
+        return resolved
+    if isinstance(client, str):
+        return _client_for_url(client)
+    return client  # type: ignore[return-value]
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,386 @@
+"""DistLock and DistRLock: ``threading.Lock`` and ``threading.RLock`` across processes and hosts.
+
+Both keep one Redis hash per name (owner -> reentrancy count, plus the fencing token and the
+holder's host:pid) and differ only in who the owner is:
+
+- DistLock: a fresh random owner per hold, kept on the object, so any thread may release it
+  and a second acquire from the same thread blocks, as with ``threading.Lock``;
+- DistRLock: ``<session id>:<thread ident>``, so the holding thread re-enters (through any
+  DistRLock object of that name) and only it may release.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+from ._config import ClientArg, check_client, resolve_client, settings
+from ._errors import LockLostError, LockNotOwnedError
+from ._logic import (
+    Deadline, Keys, check_acquire_args, check_lease, check_name, check_try_lock_timeout,
+    lease_ms, lock_repr,
+)
+from ._session import Hold, Session, _sessions, session_for
+
+__all__ = ["DistLock", "DistRLock"]
+
+log = logging.getLogger("distlock")
+
+_UNSET: Any = object()
+
+
+class _LockBase:
+    """The logic both locks share: the acquire loop, leases, tokens, callbacks.
+
+    Subclasses say who the owner is (``_owner_for``), where the hold is kept (``_current`` /
+    ``_remember`` / ``_forget``) and how an unowned release is worded.
+    """
+
+    _reentrant = "0"
+    _unowned_message = "release unlocked lock"
+
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
+        self._name = check_name(name)
+        if client is not None:
+            check_client(client)
+        self._client_arg = client
+        self._client: Any = None
+        self._lease = check_lease(lease)
+        self._keys = Keys(settings().prefix, self._name)
+        self._lost_callbacks: List[Callable[[Any], Any]] = []
+
+    # --- public surface ---------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The shared name: every object of this name on every host is the same lock."""
+        return self._name
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Acquire the lock, blocking or non-blocking, as ``threading`` does.
+
+        With ``blocking`` true (the default), wait until the lock is free anywhere, take it and
+        return True. With a positive ``timeout``, wait at most that many seconds and return
+        False if the lock could not be taken by then. With ``blocking`` false, try once and
+        return at once. Arguments are checked exactly as by ``threading.Lock.acquire`` (same
+        ValueError, OverflowError and TypeError). Redis errors propagate as
+        ``redis.exceptions``; they never turn into False.
+        """
+        blocking_, timeout_ = check_acquire_args(blocking, timeout)
+        return self._acquire(blocking_, timeout_, _UNSET, 1)
+
+    def try_lock(self, timeout: Optional[float] = 0.0, lease: Optional[float] = None) -> bool:
+        """Try to take the lock for at most ``timeout`` seconds; ``tryLock(wait, lease)``.
+
+        ``timeout`` 0 (the default) tries once; ``None`` waits as long as it takes. ``lease``
+        None uses this lock's own lease (the watchdog unless the constructor said otherwise);
+        a number of seconds makes this hold expire by itself after that long, never renewed.
+        Return True when the lock was taken.
+        """
+        timeout_ = check_try_lock_timeout(timeout)
+        lease_ = self._lease if lease is None else check_lease(lease)
+        return self._acquire(True, timeout_, lease_, 1)
+
+    def locked(self) -> bool:
+        """Return True if anyone, in any process on any host, holds the lock (one round trip)."""
+        return bool(self._session().client.exists(self._keys.lock))
+
+    @property
+    def token(self) -> Optional[int]:
+        """The fencing token of the caller's current hold; None when it holds nothing.
+
+        Tokens of one name strictly increase with every grant (re-entries keep theirs), also
+        across a restart of a Redis that kept nothing. Pass it to the resource you write, and
+        let the resource refuse any token lower than one it has seen.
+        """
+        hold = self._current(self._session())
+        return hold.token if hold is not None and not hold.lost else None
+
+    def owned(self) -> bool:
+        """True when the caller (this thread for DistRLock, this object for DistLock) holds
+        the lock and its lease is not known to be lost. Needs no round trip."""
+        hold = self._current(self._session())
+        return hold is not None and not hold.lost
+
+    def on_lost(self, callback: Callable[[Any], Any]) -> None:
+        """Call ``callback(lock)`` when a hold taken through this object is found lost.
+
+        It runs in the watchdog thread when a renewal finds the hold gone or someone else's, or
+        in the releasing thread when ``release()`` finds it so. Exceptions it raises are logged.
+        """
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        self._lost_callbacks.append(callback)
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    # --- the shared machinery ---------------------------------------------------------------
+
+    def _session(self) -> Session:
+        client = self._client
+        if client is None:
+            client = self._client = resolve_client(self._client_arg)
+        return session_for(client)
+
+    def _call_acquire(self, session: Session, owner: str, ms: int, count: int, reentry_token: str) -> int:
+        keys = self._keys
+        return int(session.scripts["lock_acquire"](
+            keys=(keys.lock, keys.fence), args=(owner, ms, count, session.info, reentry_token)))
+
+    def _call_release(self, session: Session, hold: Hold, count: int) -> int:
+        keys = self._keys
+        return int(session.scripts["lock_release"](
+            keys=(keys.lock, keys.channel), args=(hold.owner, hold.token, count)))
+
+    @staticmethod
+    def _renew(pipe: Any, hold: Hold, ms: int) -> None:
+        hold.session.scripts["lock_renew"](keys=(hold.key,), args=(hold.owner, hold.token, ms), client=pipe)
+
+    def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> bool:
+        session = self._session()
+        lease_s = self._lease if lease is _UNSET else lease
+        watchdog = lease_s is None
+        ms = lease_ms(settings().lease if lease_s is None else lease_s)
+
+        held = self._current(session)
+        if held is not None and self._reentrant == "1":
+            return self._reenter(session, held, ms, count, watchdog)
+
+        owner = self._owner_for(session)
+        sent_at = time.monotonic()
+        reply = self._call_acquire(session, owner, ms, count, "")
+        if reply > 0:
+            self._grant(session, owner, reply, count, watchdog, ms, sent_at)
+            return True
+        if not blocking or timeout == 0:
+            return False
+
+        deadline = Deadline(timeout)
+        cap = settings().wait_cap
+        waiter = session.join(self._keys.channel, deadline.remaining())
+        acquired = False
+        try:
+            while True:
+                sent_at = time.monotonic()
+                reply = self._call_acquire(session, owner, ms, count, "")
+                if reply > 0:
+                    self._grant(session, owner, reply, count, watchdog, ms, sent_at)
+                    acquired = True
+                    return True
+                if deadline.expired():
+                    return False
+                session.sleep(waiter, deadline.sleep_bound(-reply - 1, cap))
+        finally:
+            session.leave(waiter, acquired)
+
+    def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> bool:
+        if held.lost:
+            raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it")
+        reply = self._call_acquire(session, held.owner, ms, count, str(held.token))
+        if reply == 0:
+            session.mark_lost(held)
+            raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it")
+        held.count += count
+        held.listeners.add(self)
+        if watchdog and not held.watchdog:
+            session.watch(held)
+        return True
+
+    def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
+               ms: int, sent_at: float) -> None:
+        hold = Hold(session, self._keys.lock, owner, token, count, watchdog, ms, sent_at, self._renew)
+        hold.listeners.add(self)
+        self._remember(hold)
+        session.add_hold(hold)
+
+    def _release(self, hold: Hold, session: Session, count: int) -> int:
+        """Give back ``count`` (0: all) of ``hold``; return the count still held.
+
+        Raise LockLostError, after running the ``on_lost`` callbacks, when the hold turns out
+        to be gone or someone else's.
+        """
+        if hold.lost:
+            left = 0 if count == 0 else max(0, hold.count - count)
+            hold.count = left
+            if left == 0:
+                self._forget(hold)
+                session.drop_hold(hold)
+            raise LockLostError(f"lease on {self._name!r} was lost before release")
+        try:
+            left = self._call_release(session, hold, count)
+        except BaseException:
+            # The server may or may not have released it; stop renewing so that, at worst, the
+            # hold ends with its lease.
+            self._forget(hold)
+            session.drop_hold(hold)
+            raise
+        if left < 0:
+            self._forget(hold)
+            session.drop_hold(hold)
+            session.mark_lost(hold)
+            raise LockLostError(f"lease on {self._name!r} was lost before release")
+        hold.count = left
+        if left == 0:
+            self._forget(hold)
+            session.drop_hold(hold)
+        return left
+
+    def _fire_lost(self) -> None:
+        for callback in list(self._lost_callbacks):
+            try:
+                callback(self)
+            except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
+                log.exception("distlock: on_lost callback %r failed", callback)
+
+    def _peek_session(self) -> Optional[Session]:
+        """This process' session for our client if one exists, without creating it (for repr)."""
+        if self._client is None:
+            return None
+        session = _sessions.get(id(self._client))
+        return session if session is not None and session.client is self._client else None
+
+    # --- what subclasses define -------------------------------------------------------------
+
+    def _owner_for(self, session: Session) -> str:
+        raise NotImplementedError
+
+    def _current(self, session: Session) -> Optional[Hold]:
+        raise NotImplementedError
+
+    def _remember(self, hold: Hold) -> None:
+        raise NotImplementedError
+
+    def _forget(self, hold: Hold) -> None:
+        raise NotImplementedError
+
+
+class DistLock(_LockBase):
+    """``threading.Lock`` shared by every process and host that names it on one Redis.
+
+    The hold belongs to this object: any thread of this process may release it, and a second
+    ``acquire()`` from the same thread blocks until somebody releases it.
+
+    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
+    and ``lease`` (None: a watchdog keeps the hold alive while the process lives; a number of
+    seconds: the hold expires by itself after that long).
+    """
+
+    _reentrant = "0"
+    _unowned_message = "release unlocked lock"
+
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
+        super().__init__(name, client=client, lease=lease)
+        self._hold: Optional[Hold] = None
+        self._mutex = threading.Lock()
+
+    def release(self) -> None:
+        """Release the lock; any thread may do it, as with ``threading.Lock``.
+
+        Raise LockNotOwnedError (a RuntimeError) when this object does not hold the lock, and
+        LockLostError when its lease was lost meanwhile (the lock is then someone else's or
+        free, and stays as it is).
+        """
+        session = self._session()
+        with self._mutex:
+            hold = self._hold
+            if hold is None or hold.session is not session:
+                raise LockNotOwnedError(self._unowned_message)
+            self._hold = None
+        self._release(hold, session, 1)
+
+    def _owner_for(self, session: Session) -> str:
+        return f"{session.id}:{os.urandom(6).hex()}"
+
+    def _current(self, session: Session) -> Optional[Hold]:
+        hold = self._hold
+        return hold if hold is not None and hold.session is session else None
+
+    def _remember(self, hold: Hold) -> None:
+        with self._mutex:
+            self._hold = hold
+
+    def _forget(self, hold: Hold) -> None:
+        with self._mutex:
+            if self._hold is hold:
+                self._hold = None
+
+    def __repr__(self) -> str:
+        session = self._peek_session()
+        held = session is not None and self._current(session) is not None
+        return lock_repr(self, "DistLock", self._name, held)
+
+
+class DistRLock(_LockBase):
+    """``threading.RLock`` shared by every process and host that names it on one Redis.
+
+    The owner is this process' session and the calling thread: that thread may re-enter (through
+    this or any other DistRLock of the same name), and only it may release. The count lives in
+    Redis. Implements ``_is_owned``, ``_release_save``, ``_acquire_restore`` and
+    ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
+    """
+
+    _reentrant = "1"
+    _unowned_message = "cannot release un-acquired lock"
+
+    def release(self) -> None:
+        """Release one level of the calling thread's hold; the last one frees the lock.
+
+        Raise LockNotOwnedError (a RuntimeError) when the calling thread does not hold it, and
+        LockLostError when its lease was lost meanwhile.
+        """
+        session = self._session()
+        hold = self._current(session)
+        if hold is None:
+            raise LockNotOwnedError(self._unowned_message)
+        self._release(hold, session, 1)
+
+    def _is_owned(self) -> bool:
+        return self.owned()
+
+    def _recursion_count(self) -> int:
+        hold = self._current(self._session())
+        return hold.count if hold is not None else 0
+
+    def _release_save(self) -> Tuple[int, int]:
+        """Release the calling thread's hold whatever its depth; return what restores it."""
+        session = self._session()
+        hold = self._current(session)
+        if hold is None:
+            raise LockNotOwnedError(self._unowned_message)
+        count = hold.count
+        self._release(hold, session, 0)
+        return count, threading.get_ident()
+
+    def _acquire_restore(self, state: Tuple[int, int]) -> None:
+        """Take the lock back at the depth ``_release_save`` returned (a new grant, new token)."""
+        count, _owner = state
+        self._acquire(True, None, _UNSET, count)
+
+    def _owner_for(self, session: Session) -> str:
+        return f"{session.id}:{threading.get_ident()}"
+
+    def _current(self, session: Session) -> Optional[Hold]:
+        return session.holds.get((self._keys.lock, f"{session.id}:{threading.get_ident()}"))
+
+    def _remember(self, hold: Hold) -> None:
+        pass  # the session's registry, keyed by (key, owner), is where DistRLock holds live
+
+    def _forget(self, hold: Hold) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        session = self._peek_session()
+        owner, count = 0, 0
+        if session is not None:
+            for (key, holder), hold in list(session.holds.items()):
+                if key == self._keys.lock and not hold.lost:
+                    owner, count = int(holder.rsplit(":", 1)[1]), hold.count
+                    break
+        return lock_repr(self, "DistRLock", self._name, count > 0, f"owner={owner} count={count}")

@@ -1,0 +1,194 @@
+"""Everything that needs no I/O: argument checks, key names, deadlines, reply codes, reprs.
+
+The sync shell (and a future asyncio one) import from here, so there is one copy of each rule.
+Nothing in this module talks to Redis, starts a thread or reads a clock other than
+``time.monotonic``.
+"""
+
+from __future__ import annotations
+
+import _thread
+import math
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+__all__ = [
+    "Keys",
+    "Deadline",
+    "check_acquire_args",
+    "check_name",
+    "check_lease",
+    "check_try_lock_timeout",
+    "lease_ms",
+    "lock_repr",
+]
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+def check_acquire_args(blocking: object, timeout: object) -> Tuple[bool, Optional[float]]:
+    """Check ``acquire(blocking, timeout)`` exactly as :mod:`threading` does.
+
+    Return ``(blocking, timeout)`` where timeout is ``None`` for "wait forever" and a
+    non-negative float of seconds otherwise.
+
+    The check is delegated to a fresh, uncontended ``_thread`` lock: its ``acquire`` parses
+    the same two arguments with CPython's own code, so every ValueError, OverflowError and
+    TypeError (and its wording) is the one this interpreter's ``threading`` raises, whatever
+    its version. The probe lock is private to this call and is free, so it never waits.
+    """
+    probe = _thread.allocate_lock()
+    probe.acquire(blocking, timeout)  # type: ignore[arg-type]  # raises like threading
+    probe.release()
+    if not blocking:
+        return False, 0.0
+    seconds = float(timeout)  # type: ignore[arg-type]  # int, float and bool all pass the probe
+    if seconds == -1:
+        return True, None
+    return True, seconds
+
+
+def check_name(name: object) -> str:
+    """Return ``name`` if it is a non-empty str; raise TypeError or ValueError otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("name must not be empty")
+    return name
+
+
+def check_seconds(value: object, what: str) -> float:
+    """Return ``value`` as a positive, finite float of seconds, or raise TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError(f"{what} must not be NaN")
+    if seconds <= 0 or math.isinf(seconds):
+        raise ValueError(f"{what} must be a positive, finite number of seconds")
+    if seconds > MAX_LEASE:
+        raise OverflowError(f"{what} is too large (at most {MAX_LEASE:.0f} seconds)")
+    return seconds
+
+
+def check_lease(lease: object) -> Optional[float]:
+    """Return ``None`` (watchdog) or a positive finite float of seconds."""
+    if lease is None:
+        return None
+    return check_seconds(lease, "lease")
+
+
+def check_try_lock_timeout(timeout: object) -> Optional[float]:
+    """``try_lock`` timeout: ``None`` waits forever, otherwise a non-negative finite number."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    seconds = float(timeout)
+    if math.isnan(seconds):
+        raise ValueError("timeout must not be NaN")
+    if seconds < 0:
+        raise ValueError("timeout value must be a non-negative number")
+    if seconds > _thread.TIMEOUT_MAX:
+        raise OverflowError("timeout value is too large")
+    return seconds
+
+
+#: The longest lease accepted, in seconds: Redis' PEXPIRE takes a signed 64-bit number of
+#: milliseconds, but a year is already far past any sensible lease.
+MAX_LEASE = 366 * 24 * 3600.0
+
+
+def lease_ms(seconds: float) -> int:
+    """Seconds to whole milliseconds, rounded up so that a lease never comes out shorter."""
+    return max(1, math.ceil(seconds * 1000.0))
+
+
+# --- key names ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Keys:
+    """Key and channel names of one primitive.
+
+    Every name is ``<prefix>{<name>}<suffix>``: the braces are a Redis Cluster hash tag, so all
+    keys of one primitive map to one slot and every script touches one slot only. A name may
+    contain braces itself; then the tag is the part up to its first ``}``, still shared by every
+    key of that name. Suffixes are chosen so that no ``}suffix`` ends another, which keeps the
+    keys of two different names from ever colliding (``tests/test_logic.py`` checks it).
+    """
+
+    prefix: str
+    name: str
+
+    @property
+    def tag(self) -> str:
+        return f"{self.prefix}{{{self.name}}}"
+
+    @property
+    def lock(self) -> str:
+        """Hash: owner -> reentrancy count, plus the ``:t`` (token) and ``:i`` (info) fields."""
+        return self.tag
+
+    @property
+    def fence(self) -> str:
+        """String: the last fencing token granted for this name. The only key left at rest."""
+        return self.tag + ":fence"
+
+    @property
+    def channel(self) -> str:
+        """Pub/sub channel: wake-up hints published by releases."""
+        return self.tag + ":wake"
+
+    def sub(self, suffix: str) -> str:
+        """Another key of the same primitive (same hash tag), for primitives built on top."""
+        return f"{self.tag}:{suffix}"
+
+
+# --- deadlines ------------------------------------------------------------------------------
+
+class Deadline:
+    """A point on ``time.monotonic()``'s clock, or none at all (wait forever)."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self, timeout: Optional[float]) -> None:
+        self._at = None if timeout is None else time.monotonic() + timeout
+
+    def remaining(self) -> Optional[float]:
+        """Seconds left (never negative), or ``None`` without a deadline."""
+        if self._at is None:
+            return None
+        return max(0.0, self._at - time.monotonic())
+
+    def expired(self) -> bool:
+        return self._at is not None and time.monotonic() >= self._at
+
+    def sleep_bound(self, holder_pttl_ms: int, cap: float) -> float:
+        """How long a waiter may sleep before it must try again.
+
+        min(time left, the holder's remaining lease, cap): a lost wake-up or a crashed holder
+        then costs at most this long. A holder lease of 0 or less (unknown) counts as no bound.
+        """
+        bound = cap
+        if holder_pttl_ms > 0:
+            bound = min(bound, holder_pttl_ms / 1000.0)
+        left = self.remaining()
+        if left is not None:
+            bound = min(bound, left)
+        return bound
+
+
+# --- reply codes ----------------------------------------------------------------------------
+
+#: release script: the hold was not (or no longer) ours, or its token changed.
+RELEASE_LOST = -1
+
+
+# --- reprs ----------------------------------------------------------------------------------
+
+def lock_repr(obj: object, kind: str, name: str, locked: bool, extra: str = "") -> str:
+    """``<locked distlock.DistRLock object name='orders:42' owner=… count=… at 0x…>``."""
+    state = "locked" if locked else "unlocked"
+    extra = f" {extra}" if extra else ""
+    return f"<{state} distlock.{kind} object name={name!r}{extra} at {hex(id(obj))}>"

@@ -1,0 +1,438 @@
+"""One session per process per Redis client.
+
+A session holds:
+
+- its id (uuid4, random and unguessable: owner ids are built from it);
+- the registered scripts;
+- one pub/sub connection, read by one dispatcher thread, for every channel this process waits
+  on (subscriptions reference-counted, dropped a little after their last waiter leaves);
+- one watchdog thread that renews every watchdog hold of the session, in batches;
+- the registry of holds, which the watchdog walks and the locks share.
+
+Threads are started on first need. After ``os.fork()`` the child drops every session it
+inherited and starts afresh: it owns nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
+
+import redis
+
+from ._config import Settings, settings
+from ._scripts import script_names, script_source
+
+__all__ = ["Session", "Hold", "Waiter", "session_for"]
+
+log = logging.getLogger("distlock")
+
+
+class Hold:
+    """What this process knows of one hold it was granted.
+
+    ``count`` mirrors the reentrancy count kept in Redis; ``token`` is the fencing token of the
+    grant. ``lost`` is set once the hold is found gone or someone else's; after that ``release``
+    raises LockLostError and the watchdog leaves it alone.
+    """
+
+    __slots__ = (
+        "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
+        "lost", "listeners", "renew", "__weakref__",
+    )
+
+    def __init__(self, session: "Session", key: str, owner: str, token: int, count: int,
+                 watchdog: bool, lease_ms: int, sent_at: float,
+                 renew: "Callable[[Any, Hold, int], Any]") -> None:
+        self.session = session
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.count = count
+        self.watchdog = watchdog
+        self.lease_ms = lease_ms
+        #: monotonic time by which the lease runs out unless renewed (counted from the moment the
+        #: grant was *sent*, so it is never later than the server's own deadline)
+        self.expires_at = sent_at + lease_ms / 1000.0
+        self.lost = False
+        self.listeners: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        #: renew(pipeline, hold, lease_ms): queue one renewal of this hold on ``pipeline``; the
+        #: primitive that made the hold knows its script and keys.
+        self.renew = renew
+
+
+class Waiter:
+    """One thread waiting on one channel of this process."""
+
+    __slots__ = ("event", "channel")
+
+    def __init__(self, channel: "_Channel") -> None:
+        self.event = threading.Event()
+        self.channel = channel
+
+
+class _Channel:
+    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.refs = 0
+        self.pending = 0  # SUBSCRIBE commands sent whose confirmation has not arrived yet
+        self.confirmed = threading.Event()
+        self.waiters: Deque[Waiter] = collections.deque()
+        self.idle_since = 0.0
+
+
+#: How long a channel stays subscribed after its last waiter left: a lock contended again soon
+#: does not pay SUBSCRIBE/UNSUBSCRIBE each time.
+UNSUBSCRIBE_AFTER = 5.0
+
+
+class Session:
+    def __init__(self, client: "redis.Redis[Any]") -> None:
+        self.client = client
+        self.id = uuid.uuid4().hex
+        self.info = f"{socket.gethostname()}:{os.getpid()}"
+        self.pid = os.getpid()
+        self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
+        self._mutex = threading.Lock()
+        # pub/sub
+        self._channels: Dict[str, _Channel] = {}
+        self._pubsub: Any = None
+        self._dispatcher: Optional[threading.Thread] = None
+        self._pubsub_up = threading.Event()
+        self.pubsub_reconnects = 0
+        # watchdog
+        self.holds: Dict[Tuple[str, str], Hold] = {}
+        self._watchdog: Optional[threading.Thread] = None
+        self._watchdog_kick = threading.Event()
+        self._closed = False
+
+    # --- holds ------------------------------------------------------------------------------
+
+    def add_hold(self, hold: Hold) -> None:
+        with self._mutex:
+            self.holds[(hold.key, hold.owner)] = hold
+        if hold.watchdog:
+            self._ensure_watchdog()
+
+    def drop_hold(self, hold: Hold) -> None:
+        with self._mutex:
+            if self.holds.get((hold.key, hold.owner)) is hold:
+                del self.holds[(hold.key, hold.owner)]
+
+    def watch(self, hold: Hold) -> None:
+        """Turn an existing hold over to the watchdog (a re-entry asked for lease=None)."""
+        hold.watchdog = True
+        self._ensure_watchdog()
+
+    def mark_lost(self, hold: Hold) -> None:
+        """Record that ``hold`` is gone and tell everyone who registered ``on_lost``. Once."""
+        with self._mutex:
+            if hold.lost:
+                return
+            hold.lost = True
+        log.warning("distlock: lease lost on %s (owner %s, token %s)", hold.key, hold.owner, hold.token)
+        for lock in list(hold.listeners):
+            lock._fire_lost()
+
+    def _ensure_watchdog(self) -> None:
+        if self._watchdog is not None:
+            return
+        with self._mutex:
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watchdog_loop, name=f"distlock-watchdog-{self.id[:8]}", daemon=True)
+                self._watchdog.start()
+
+    def _watchdog_loop(self) -> None:
+        retry_after: Optional[float] = None
+        while not self._closed:
+            cfg: Settings = settings()
+            self._watchdog_kick.wait(retry_after if retry_after is not None else cfg.renew_interval)
+            self._watchdog_kick.clear()
+            if self._closed:
+                return
+            retry_after = self.renew_all()
+
+    def renew_all(self) -> Optional[float]:
+        """Renew every live watchdog hold in one pipelined round trip.
+
+        Return None when all went through, or a short delay before the next try after a
+        connection error. A hold that cannot be renewed before its lease runs out is marked
+        lost: a renewal that fails is never silent.
+        """
+        with self._mutex:
+            holds = [h for h in self.holds.values() if h.watchdog and not h.lost]
+        if not holds:
+            return None
+        lease_ms = max(1, int(settings().lease * 1000))
+        sent_at = time.monotonic()
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for hold in holds:
+                hold.renew(pipe, hold, lease_ms)
+            replies = pipe.execute(raise_on_error=False)
+        except redis.RedisError as exc:
+            log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
+            now = time.monotonic()
+            for hold in holds:
+                if now >= hold.expires_at:
+                    self.mark_lost(hold)
+            return min(1.0, settings().renew_interval)
+        failed = False
+        for hold, reply in zip(holds, replies):
+            if isinstance(reply, Exception):
+                log.warning("distlock: watchdog renewal of %s failed: %r", hold.key, reply)
+                failed = True
+                if time.monotonic() >= hold.expires_at:
+                    self.mark_lost(hold)
+            elif reply == 1:
+                hold.lease_ms = lease_ms
+                hold.expires_at = sent_at + lease_ms / 1000.0
+            else:
+                self.mark_lost(hold)
+        return min(1.0, settings().renew_interval) if failed else None
+
+    # --- waiting ----------------------------------------------------------------------------
+
+    def join(self, channel_name: str, bound: Optional[float]) -> Waiter:
+        """Subscribe to ``channel_name`` (if this process is not yet) and queue a waiter on it.
+
+        Wait for the server's confirmation of the subscription at most ``bound`` seconds, so a
+        release that happens after the caller's next try is never missed in normal operation.
+        """
+        self._ensure_dispatcher()
+        with self._mutex:
+            chan = self._channels.get(channel_name)
+            if chan is None:
+                chan = self._channels[channel_name] = _Channel(channel_name)
+            chan.refs += 1
+            waiter = Waiter(chan)
+            chan.waiters.append(waiter)
+            send = chan.pending == 0 and not chan.confirmed.is_set() and self._pubsub is not None
+            if send:
+                chan.pending += 1
+        if send:
+            try:
+                self._pubsub.subscribe(channel_name)
+            except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
+                log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
+        if bound is None or bound > 0:
+            chan.confirmed.wait(settings().wait_cap if bound is None else min(bound, settings().wait_cap))
+        return waiter
+
+    def leave(self, waiter: Waiter, acquired: bool) -> None:
+        """Take ``waiter`` off its queue. A waiter that leaves without the lock hands its
+        place at the head (and with it the short polling bound) to the next one."""
+        chan = waiter.channel
+        with self._mutex:
+            was_head = bool(chan.waiters) and chan.waiters[0] is waiter
+            try:
+                chan.waiters.remove(waiter)
+            except ValueError:
+                pass
+            if was_head and not acquired:
+                self._wake(chan, 1)
+            chan.refs -= 1
+            if chan.refs == 0:
+                chan.idle_since = time.monotonic()
+
+    def sleep(self, waiter: Waiter, head_bound: float) -> None:
+        """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
+        this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
+        the head's place (and a wake-up) in order."""
+        chan = waiter.channel
+        bound = head_bound
+        if not (chan.waiters and chan.waiters[0] is waiter):
+            bound = head_bound * settings().queue_cap_factor
+        waiter.event.wait(bound)
+        waiter.event.clear()
+
+    def _wake(self, chan: _Channel, n: Optional[int]) -> None:
+        """Wake the ``n`` oldest waiters not woken yet (all when ``n`` is None). Holds _mutex."""
+        for waiter in chan.waiters:
+            if n is not None and n <= 0:
+                break
+            if not waiter.event.is_set():
+                waiter.event.set()
+                if n is not None:
+                    n -= 1
+
+    def _ensure_dispatcher(self) -> None:
+        if self._dispatcher is not None:
+            return
+        with self._mutex:
+            if self._dispatcher is None:
+                self._connect_pubsub_locked()
+                self._dispatcher = threading.Thread(
+                    target=self._dispatch_loop, name=f"distlock-pubsub-{self.id[:8]}", daemon=True)
+                self._dispatcher.start()
+
+    def _connect_pubsub_locked(self) -> None:
+        self._pubsub = self.client.pubsub()
+        for chan in self._channels.values():
+            chan.confirmed.clear()
+            chan.pending = 0
+
+    def _dispatch_loop(self) -> None:
+        backoff = 0.05
+        while not self._closed:
+            pubsub = self._pubsub
+            try:
+                self._resubscribe_if_needed(pubsub)
+                message = pubsub.get_message(timeout=1.0)
+                backoff = 0.05
+            except Exception as exc:  # noqa: BLE001 - this thread must outlive any failure
+                self._on_pubsub_broken(exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            if message is not None:
+                self._handle(message)
+            self._unsubscribe_idle(pubsub)
+
+    def _resubscribe_if_needed(self, pubsub: Any) -> None:
+        with self._mutex:
+            names = [c.name for c in self._channels.values()
+                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set()]
+            for name in names:
+                self._channels[name].pending += 1
+        if names:
+            pubsub.subscribe(*names)
+
+    def _handle(self, message: Dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if isinstance(channel, bytes):
+            channel = channel.decode("utf-8", "surrogateescape")
+        with self._mutex:
+            chan = self._channels.get(channel) if channel is not None else None
+            if chan is None:
+                return
+            if kind == "subscribe":
+                chan.pending = max(0, chan.pending - 1)
+                if chan.pending == 0:
+                    chan.confirmed.set()
+            elif kind == "message":
+                data = message.get("data")
+                if isinstance(data, bytes):
+                    data = data.decode("ascii", "replace")
+                self._wake(chan, wake_count(data))
+
+    def _unsubscribe_idle(self, pubsub: Any) -> None:
+        now = time.monotonic()
+        with self._mutex:
+            idle = [c for c in self._channels.values()
+                    if c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER]
+            for chan in idle:
+                del self._channels[chan.name]
+        if idle and any(c.confirmed.is_set() for c in idle):
+            pubsub.unsubscribe(*[c.name for c in idle if c.confirmed.is_set()])
+
+    def _on_pubsub_broken(self, exc: BaseException) -> None:
+        """The pub/sub connection failed: wake every waiter (each polls until the dispatcher is
+        back), then start over on a fresh connection, which subscribes again."""
+        log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
+        with self._mutex:
+            old = self._pubsub
+            self._connect_pubsub_locked()
+            self.pubsub_reconnects += 1
+            for chan in self._channels.values():
+                self._wake(chan, None)
+        try:
+            old.close()
+        except Exception:  # noqa: BLE001 - the connection is already broken
+            pass
+
+    def wake_all_waiters(self) -> None:
+        with self._mutex:
+            for chan in self._channels.values():
+                self._wake(chan, None)
+
+    def subscribed_channels(self) -> List[str]:
+        with self._mutex:
+            return [c.name for c in self._channels.values() if c.confirmed.is_set()]
+
+    def close(self) -> None:
+        """Stop this session's threads (tests and interpreter exit; holds are not released)."""
+        self._closed = True
+        self._watchdog_kick.set()
+        pubsub = self._pubsub
+        for thread in (self._dispatcher, self._watchdog):
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=3.0)
+        if pubsub is not None:
+            try:
+                pubsub.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def wake_count(data: Any) -> Optional[int]:
+    """How many local waiters one hint wakes: an integer, or ``*`` for all of them."""
+    if data == "*":
+        return None
+    try:
+        return max(1, int(data))
+    except (TypeError, ValueError):
+        return 1
+
+
+# --- one session per process per client ------------------------------------------------------
+
+_sessions: Dict[int, Session] = {}
+_sessions_lock = threading.Lock()
+
+
+def session_for(client: "redis.Redis[Any]") -> Session:
+    session = _sessions.get(id(client))
+    if session is not None and session.client is client:
+        return session
+    with _sessions_lock:
+        session = _sessions.get(id(client))
+        if session is None or session.client is not client:
+            session = _sessions[id(client)] = Session(client)
+        return session
+
+
+def all_sessions() -> Iterable[Session]:
+    return list(_sessions.values())
+
+
+def reset_sessions() -> None:
+    """Close and forget every session (tests use it between servers)."""
+    with _sessions_lock:
+        sessions = list(_sessions.values())
+        _sessions.clear()
+    for session in sessions:
+        session.close()
+
+
+def _before_fork() -> None:
+    _sessions_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _sessions_lock.release()
+
+
+def _after_fork_in_child() -> None:
+    global _sessions_lock
+    # The parent's threads do not exist here, and its holds are not ours: start afresh.
+    for session in _sessions.values():
+        session._closed = True
+    _sessions.clear()
+    _sessions_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_after_fork_in_child)

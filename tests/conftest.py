@@ -1,0 +1,123 @@
+"""Fixtures: a private redis-server per test session, with fakeredis as the fallback.
+
+- ``$DISTLOCK_TEST_REDIS_URL`` points the suite at an existing server instead (its database is
+  flushed after every test: give it one you do not need).
+- Otherwise ``redis-server`` from PATH is started on a free loopback port with no persistence.
+- Where there is none, the suite runs on fakeredis, and tests marked ``real_redis`` are skipped
+  with a reason. ``DISTLOCK_REQUIRE_REDIS=1`` (CI) turns that fallback and every such skip into
+  a failure.
+
+After each test the fixture stops every distlock session (its threads and connections) and
+flushes the database, so no test sees another's keys, threads or subscriptions.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Iterator, Optional
+
+import pytest
+import redis
+
+import distlock
+from distlock import _config
+from distlock._server import RedisServer, redis_server_binary
+from distlock._session import reset_sessions
+
+REQUIRE_REAL = os.environ.get("DISTLOCK_REQUIRE_REDIS") == "1"
+
+
+class Backend:
+    """What the tests talk to: a real server (``url`` set) or a shared fakeredis server."""
+
+    def __init__(self, server: Optional[RedisServer], url: Optional[str], fake_server: Any = None):
+        self.server = server
+        self.url = url
+        self.fake_server = fake_server
+
+    @property
+    def real(self) -> bool:
+        return self.url is not None
+
+    def client(self, **kwargs: Any) -> "redis.Redis[Any]":
+        if self.url is not None:
+            return redis.Redis.from_url(self.url, **kwargs)
+        import fakeredis
+
+        return fakeredis.FakeRedis(server=self.fake_server, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def backend() -> Iterator[Backend]:
+    url = os.environ.get("DISTLOCK_TEST_REDIS_URL")
+    if url:
+        yield Backend(None, url)
+        return
+    if redis_server_binary() is not None:
+        server = RedisServer()
+        try:
+            yield Backend(server, server.url)
+        finally:
+            reset_sessions()
+            server.stop()
+        return
+    if REQUIRE_REAL:
+        pytest.fail("DISTLOCK_REQUIRE_REDIS=1 but there is no redis-server on PATH")
+    import fakeredis
+
+    yield Backend(None, None, fakeredis.FakeServer())
+
+
+@pytest.fixture
+def client(backend: Backend) -> Iterator["redis.Redis[Any]"]:
+    """A client of the test server; everything it made is gone after the test."""
+    before = set(threading.enumerate())
+    c = backend.client()
+    try:
+        yield c
+    finally:
+        reset_sessions()
+        try:
+            if backend.server is not None and backend.server.proc is not None \
+                    and backend.server.proc.poll() is not None:
+                backend.server.start()  # a test that killed the server leaves a fresh one
+            c.flushdb()
+        finally:
+            c.close()
+        _config.configure(prefix="distlock:", lease=30.0, renew_interval=10.0, wait_cap=2.0)
+        _wait_threads_gone(before)
+
+
+@pytest.fixture
+def url(backend: Backend, client: "redis.Redis[Any]") -> str:
+    """The test server's URL, for code that runs in other processes (real server only)."""
+    if backend.url is None:
+        pytest.skip("needs a real redis-server: other processes cannot reach fakeredis")
+    return backend.url
+
+
+def _wait_threads_gone(before: "set[threading.Thread]", timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = [t for t in threading.enumerate() if t not in before and t.is_alive()
+                 and t.name.startswith("distlock-")]
+        if not extra or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert not extra, f"threads left behind: {extra}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: "list[pytest.Item]") -> None:
+    if redis_server_binary() is not None or os.environ.get("DISTLOCK_TEST_REDIS_URL"):
+        return
+    if REQUIRE_REAL:
+        return  # the backend fixture fails every test instead: nothing is skipped in CI
+    for item in items:
+        if item.get_closest_marker("real_redis") is not None:
+            item.add_marker(pytest.mark.skip(
+                reason="needs a real redis-server process; running on fakeredis"))
+
+
+__all__ = ["Backend", "distlock"]
