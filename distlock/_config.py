@@ -75,6 +75,8 @@ def configure(
     if prefix is not None:
         if not isinstance(prefix, str):
             raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("prefix must not contain '{' or '}': the name is the hash tag")
         changes["prefix"] = prefix
     if lease is not None:
         changes["lease"] = check_seconds(lease, "lease")

@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 __all__ = [
     "Keys",
     "Deadline",
+    "escape_name",
+    "unescape_name",
     "check_acquire_args",
     "check_name",
     "check_lease",
@@ -107,15 +109,34 @@ def lease_ms(seconds: float) -> int:
 
 # --- key names ------------------------------------------------------------------------------
 
+def escape_name(name: str) -> str:
+    """The name as it appears inside the hash tag: ``%``, ``{`` and ``}`` percent-encoded.
+
+    Without it a name starting with ``}`` would give an empty tag (Redis then hashes the whole
+    key, scattering one primitive over several slots). The encoding is reversible
+    (``unescape_name``) and leaves every name without those three characters unchanged.
+    """
+    if "%" in name or "{" in name or "}" in name:
+        return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    return name
+
+
+def unescape_name(escaped: str) -> str:
+    """Inverse of ``escape_name``."""
+    if "%" not in escaped:
+        return escaped
+    return escaped.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
+
+
 @dataclass(frozen=True)
 class Keys:
     """Key and channel names of one primitive.
 
     Every name is ``<prefix>{<name>}<suffix>``: the braces are a Redis Cluster hash tag, so all
-    keys of one primitive map to one slot and every script touches one slot only. A name may
-    contain braces itself; then the tag is the part up to its first ``}``, still shared by every
-    key of that name. Suffixes are chosen so that no ``}suffix`` ends another, which keeps the
-    keys of two different names from ever colliding (``tests/test_logic.py`` checks it).
+    keys of one primitive map to one slot and every script touches one slot only. Braces and
+    ``%`` inside a name are percent-encoded (``escape_name``), so the tag is always the whole,
+    non-empty name, and two names never share a key. Suffixes are chosen so that no
+    ``}suffix`` ends another (``tests/test_logic.py`` checks both).
     """
 
     prefix: str
@@ -123,7 +144,7 @@ class Keys:
 
     @property
     def tag(self) -> str:
-        return f"{self.prefix}{{{self.name}}}"
+        return f"{self.prefix}{{{escape_name(self.name)}}}"
 
     @property
     def lock(self) -> str:

@@ -1,0 +1,390 @@
+"""DistLock and DistRLock as distributed locks: processes, leases, tokens, fork, failures.
+
+The threading contract itself (argument checks, wording, reentrancy) is in test_contract.py.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import warnings
+from typing import Any, List
+
+import pytest
+import redis
+
+import distlock
+from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
+from distlock._server import free_port
+from distlock._session import session_for
+
+import _workers
+
+SPAWN = multiprocessing.get_context("spawn")
+LOCK_TYPES = [DistLock, DistRLock]
+
+
+def _join_all(procs: List[Any]) -> None:
+    for proc in procs:
+        proc.join(timeout=30)
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=10)
+
+
+def _start_holder(url: str, kind: str, name: str, lease: Any, short_watchdog: bool = False) -> Any:
+    parent, child = SPAWN.Pipe()
+    proc = SPAWN.Process(target=_workers.hold_until_killed,
+                         args=(url, kind, name, lease, child, short_watchdog), daemon=True)
+    proc.start()
+    assert parent.poll(60), "holder did not report"
+    token, sent_at, pid = parent.recv()
+    return proc, parent, token, sent_at
+
+
+# --- exclusion across processes -----------------------------------------------------------------
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind,reenter", [("DistLock", False), ("DistRLock", False), ("DistRLock", True)])
+def test_no_lost_update_across_processes(url: str, client: Any, kind: str, reenter: bool) -> None:
+    """4 processes x 250 GET/SET increments under the lock: the total is exact."""
+    with SPAWN.Pool(4) as pool:
+        done = pool.starmap(_workers.count_under_lock,
+                            [(url, kind, "counter-lock", "counter", 250, reenter)] * 4)
+    assert sum(done) == 1000
+    assert int(client.get("counter")) == 1000
+    assert client.keys("distlock:*") == [b"distlock:{counter-lock}:fence"]
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_sigkilled_holder_frees_after_lease_not_before(url: str, client: Any) -> None:
+    proc, conn, token, sent_at = _start_holder(url, "DistLock", "killed", 1.0)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        lock = DistLock("killed", client=client)
+        assert lock.acquire(timeout=20)
+        got_at = time.monotonic()
+        # the hold was granted no earlier than sent_at, with a 1 s lease: never free before
+        assert got_at >= sent_at + 1.0
+        assert lock.token > token
+        lock.release()
+    finally:
+        _join_all([proc])
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_race_for_expired_hold_one_at_a_time(url: str, client: Any, kind: str) -> None:
+    """A holder dies with a short lease; 6 processes race for the expired hold. Their hold
+    intervals (system-wide monotonic clock) never overlap and every one gets in."""
+    holder, conn, token, _sent = _start_holder(url, kind, "race", 0.8)
+    start_at = time.monotonic() + 3.0
+    try:
+        os.kill(holder.pid, signal.SIGKILL)
+        with SPAWN.Pool(6) as pool:
+            results = pool.starmap(_workers.contend_once, [(url, kind, "race", start_at)] * 6)
+    finally:
+        _join_all([holder])
+    results.sort()
+    for (b1, e1, _t1), (b2, _e2, _t2) in zip(results, results[1:]):
+        assert e1 <= b2, "two holders overlapped"
+    tokens = [t for _b, _e, t in results]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 6 and min(tokens) > token
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+@pytest.mark.parametrize("short_watchdog", [False, True], ids=["explicit-lease", "watchdog"])
+def test_paused_holder_late_release_raises_lost(url: str, client: Any, short_watchdog: bool) -> None:
+    """SIGSTOP the holder past its lease; another takes over; after SIGCONT the old holder's
+    release() raises LockLostError and the new hold stays intact."""
+    lease = None if short_watchdog else 1.0
+    proc, conn, old_token, _sent = _start_holder(url, "DistRLock", "paused", lease, short_watchdog)
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        taker = DistRLock("paused", client=client, lease=30)
+        assert taker.acquire(timeout=20)
+        assert taker.token > old_token
+        os.kill(proc.pid, signal.SIGCONT)
+        if short_watchdog:  # its watchdog notices on its next tick, and says so
+            deadline = time.monotonic() + 20
+            lost = False
+            while not lost and time.monotonic() < deadline:
+                conn.send("lost?")
+                lost = conn.recv()
+                if not lost:
+                    time.sleep(0.1)
+            assert lost, "on_lost never fired after the lease was taken over"
+        conn.send("release")
+        assert conn.poll(30)
+        outcome = conn.recv()
+        assert outcome[0] == "LockLostError", outcome
+        assert outcome[1] is True  # on_lost ran (at the latest when release found it gone)
+        assert taker.owned() and taker.locked()
+        owner = f"{session_for(client).id}:{threading.get_ident()}".encode()
+        assert client.hget("distlock:{paused}", owner) == b"1"
+        taker.release()
+        conn.send("exit")
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        _join_all([proc])
+
+
+# --- leases, watchdog, lost leases ---------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_watchdog_keeps_hold_alive(client: Any, cls: Any) -> None:
+    distlock.configure(lease=1.0, renew_interval=0.2)
+    lock = cls("kept", client=client)
+    lost: List[Any] = []
+    lock.on_lost(lost.append)
+    lock.acquire()
+    time.sleep(2.5)  # more than twice the lease
+    assert lock.owned() and lock.locked()
+    assert 0 < client.pttl("distlock:{kept}") <= 1000
+    lock.release()
+    assert not lost
+
+
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_explicit_lease_is_not_renewed(client: Any, cls: Any) -> None:
+    distlock.configure(lease=1.0, renew_interval=0.2)
+    lock = cls("short", client=client, lease=0.6)
+    lock.acquire()
+    deadline = time.monotonic() + 20
+    while lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not lock.locked()
+    with pytest.raises(LockLostError):
+        lock.release()
+
+
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_lost_lease_found_by_watchdog(client: Any, cls: Any) -> None:
+    """Someone else takes the name over; the watchdog reports it and never extends their hold."""
+    distlock.configure(lease=1.0, renew_interval=0.2)
+    lock = cls("stolen", client=client)
+    fired = threading.Event()
+    lock.on_lost(lambda lk: fired.set() if lk is lock else None)
+    lock.acquire()
+    client.delete("distlock:{stolen}")
+    other = cls("stolen", client=client, lease=0.8)
+    assert threading.Thread(target=other.acquire).start() is None
+    assert fired.wait(20), "on_lost did not fire"
+    # the watchdog must not have extended the new holder's lease beyond its own 0.8 s
+    assert client.pttl("distlock:{stolen}") <= 800
+    with pytest.raises(LockLostError):
+        lock.release()
+    assert not lock.owned() and lock.token is None
+
+
+def test_on_lost_rejects_non_callable(client: Any) -> None:
+    with pytest.raises(TypeError):
+        DistLock("x", client=client).on_lost(42)  # type: ignore[arg-type]
+
+
+# --- fencing tokens -----------------------------------------------------------------------------
+
+@pytest.mark.real_redis
+def test_tokens_increase_across_server_restart(backend: Any, client: Any) -> None:
+    if backend.server is None:
+        pytest.skip("the suite did not start this server, so it cannot restart it")
+    lock = DistRLock("fenced", client=client)
+    tokens = []
+    for _ in range(5):
+        with lock:
+            tokens.append(lock.token)
+            with lock:
+                assert lock.token == tokens[-1]  # re-entry keeps the token
+    backend.server.restart()
+    assert client.dbsize() == 0  # nothing survived
+    for _ in range(3):
+        with lock:
+            tokens.append(lock.token)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+# --- fork -----------------------------------------------------------------------------------------
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_forked_child_owns_nothing(client: Any, cls: Any) -> None:
+    lock = cls("forked", client=client)
+    lock.acquire()
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: handled here
+        pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        code = 1
+        try:
+            results = [lock.owned(), lock.token is None]
+            try:
+                lock.release()
+                results.append("released")
+            except LockNotOwnedError:
+                results.append("refused")
+            own = cls("forked-child", client=client)
+            results.append(own.acquire(timeout=10))
+            own.release()
+            os.write(write_fd, repr(results).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    try:
+        _, status = os.waitpid(pid, 0)
+        report = os.read(read_fd, 1000).decode()
+    finally:
+        os.close(read_fd)
+    assert status == 0
+    assert report == repr([False, True, "refused", True])
+    assert lock.owned() and lock.locked()
+    lock.release()
+
+
+# --- waiting and wake-ups --------------------------------------------------------------------
+
+def _evalsha_calls(client: Any) -> int:
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+@pytest.mark.real_redis
+def test_one_release_wakes_one_local_waiter(client: Any) -> None:
+    """5 threads wait; one release costs exactly one more try (the woken waiter's), not five."""
+    distlock.configure(wait_cap=60.0)  # no polling in this test: only hints wake anyone
+    holder = DistLock("wake-one", client=client)
+    holder.acquire()
+    acquired: List[int] = []
+    release_next = threading.Event()
+
+    def waiter(i: int) -> None:
+        lock = DistLock("wake-one", client=client)
+        lock.acquire(timeout=60)
+        acquired.append(i)
+        release_next.wait(60)
+        lock.release()
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    session = session_for(client)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with session._mutex:
+            queued = sum(len(c.waiters) for c in session._channels.values())
+        if queued == 5:
+            break
+        time.sleep(0.02)
+    time.sleep(0.2)  # let every waiter finish its second try and go to sleep
+    before = _evalsha_calls(client)
+    holder.release()
+    deadline = time.monotonic() + 20
+    while not acquired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)
+    after = _evalsha_calls(client)
+    assert len(acquired) == 1
+    assert after - before == 2  # the release and the one woken waiter's grant
+    release_next.set()
+    for t in threads:
+        t.join(60)
+    assert sorted(acquired) == list(range(5))
+
+
+@pytest.mark.real_redis
+def test_pubsub_reconnect_wakes_waiters(client: Any) -> None:
+    distlock.configure(wait_cap=60.0)
+    holder = DistRLock("reconnect", client=client)
+    holder.acquire()
+    got = threading.Event()
+    waiter = threading.Thread(target=lambda: DistRLock("reconnect", client=client).acquire(timeout=60)
+                              and got.set())
+    waiter.start()
+    session = session_for(client)
+    deadline = time.monotonic() + 20
+    while not session.subscribed_channels() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert client.client_kill_filter(_type="pubsub") >= 1
+    deadline = time.monotonic() + 20
+    while session.pubsub_reconnects == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert session.pubsub_reconnects >= 1
+    # the hint for this release may or may not find the new subscription: either way the
+    # waiter gets the lock, because it was woken on reconnect and bounded its sleep by the PTTL
+    holder.release()
+    assert got.wait(30)
+    waiter.join(10)
+
+
+@pytest.mark.real_redis
+def test_one_pubsub_connection_for_many_waiters(client: Any) -> None:
+    holders = [DistLock(f"many-{i}", client=client) for i in range(5)]
+    for h in holders:
+        h.acquire()
+    stop = threading.Event()
+
+    def wait_on(i: int) -> None:
+        lock = DistLock(f"many-{i % 5}", client=client)
+        if lock.acquire(timeout=30):
+            lock.release()
+
+    threads = [threading.Thread(target=wait_on, args=(i,)) for i in range(25)]
+    for t in threads:
+        t.start()
+    session = session_for(client)
+    deadline = time.monotonic() + 20
+    while len(session.subscribed_channels()) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pubsub_clients = [c for c in client.client_list() if int(c.get("sub", 0)) > 0]
+    assert len(pubsub_clients) == 1 and pubsub_clients[0]["sub"] == "5"
+    for h in holders:
+        h.release()
+    stop.set()
+    for t in threads:
+        t.join(30)
+
+
+# --- connection failures ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+@pytest.mark.parametrize("call", ["acquire", "acquire-nonblocking", "try_lock", "locked"])
+def test_unreachable_server_raises(cls: Any, call: str) -> None:
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    lock = cls("nowhere", client=dead)
+    with pytest.raises(redis.exceptions.ConnectionError):
+        if call == "acquire":
+            lock.acquire()
+        elif call == "acquire-nonblocking":
+            lock.acquire(False)
+        elif call == "try_lock":
+            lock.try_lock(1)
+        else:
+            lock.locked()
+    assert not lock.owned()
+    dead.close()
+
+
+# --- state left behind --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_only_fence_counter_remains_after_release(client: Any, cls: Any) -> None:
+    lock = cls("tidy", client=client)
+    with lock:
+        assert set(client.keys("*")) == {b"distlock:{tidy}", b"distlock:{tidy}:fence"}
+    assert client.keys("*") == [b"distlock:{tidy}:fence"]
+    assert client.ttl("distlock:{tidy}:fence") == -1  # documented: it must outlive every hold
+
+
+def test_prefix_is_configurable(client: Any) -> None:
+    distlock.configure(prefix="myapp:")
+    lock = DistLock("p", client=client)
+    with lock:
+        assert client.exists("myapp:{p}")
+    assert client.keys("*") == [b"myapp:{p}:fence"]
