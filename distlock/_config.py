@@ -18,7 +18,7 @@ from ._logic import check_seconds
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
-ClientArg = Union["redis.Redis[Any]", "redis.RedisCluster[Any]", str, None]
+ClientArg = Union["redis.Redis", "redis.RedisCluster", str, None]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 
@@ -46,8 +46,8 @@ class Settings:
 _lock = threading.Lock()
 _settings = Settings()
 _default: ClientArg = None
-_default_client: Optional["redis.Redis[Any]"] = None
-_url_clients: Dict[str, "redis.Redis[Any]"] = {}
+_default_client: Optional[redis.Redis] = None
+_url_clients: Dict[str, redis.Redis] = {}
 
 
 def settings() -> Settings:
@@ -112,7 +112,7 @@ def check_client(client: object) -> None:
     )
 
 
-def _client_for_url(url: str) -> "redis.Redis[Any]":
+def _client_for_url(url: str) -> redis.Redis:
     with _lock:
         client = _url_clients.get(url)
         if client is None:
@@ -121,7 +121,7 @@ def _client_for_url(url: str) -> "redis.Redis[Any]":
         return client
 
 
-def resolve_client(client: ClientArg) -> "redis.Redis[Any]":
+def resolve_client(client: ClientArg) -> redis.Redis:
     """The client to use for ``client``: itself, the one for its URL, or the default."""
     global _default_client
     if client is None:

@@ -20,8 +20,14 @@ from typing import Any, Callable, List, Optional, Tuple
 from ._config import ClientArg, check_client, resolve_client, settings
 from ._errors import LockLostError, LockNotOwnedError
 from ._logic import (
-    Deadline, Keys, check_acquire_args, check_lease, check_name, check_try_lock_timeout,
-    lease_ms, lock_repr,
+    Deadline,
+    Keys,
+    check_acquire_args,
+    check_lease,
+    check_name,
+    check_try_lock_timeout,
+    lease_ms,
+    lock_repr,
 )
 from ._session import Hold, Session, _sessions, session_for
 
@@ -129,15 +135,20 @@ class _LockBase:
             client = self._client = resolve_client(self._client_arg)
         return session_for(client)
 
-    def _call_acquire(self, session: Session, owner: str, ms: int, count: int, reentry_token: str) -> int:
+    def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str) -> int:
+        """One try. ``mode``: '' first try, 'w' a queued waiter's try, else re-entry token."""
         keys = self._keys
-        return int(session.scripts["lock_acquire"](
-            keys=(keys.lock, keys.fence), args=(owner, ms, count, session.info, reentry_token)))
+        args: Tuple[Any, ...] = (owner, ms, session.info)
+        if mode or count != 1:
+            args += (mode,) if count == 1 else (mode, count)
+        return int(session.run("lock_acquire", (keys.lock, keys.fence), args))
 
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         keys = self._keys
-        return int(session.scripts["lock_release"](
-            keys=(keys.lock, keys.channel), args=(hold.owner, hold.token, count)))
+        args: Tuple[Any, ...] = (hold.owner, hold.token)
+        if count != 1:
+            args += (count,)
+        return int(session.run("lock_release", (keys.lock, keys.channel), args))
 
     @staticmethod
     def _renew(pipe: Any, hold: Hold, ms: int) -> None:
@@ -168,15 +179,16 @@ class _LockBase:
         acquired = False
         try:
             while True:
-                sent_at = time.monotonic()
-                reply = self._call_acquire(session, owner, ms, count, "")
+                with session.retry_slots:
+                    sent_at = time.monotonic()
+                    reply = self._call_acquire(session, owner, ms, count, "w")
                 if reply > 0:
                     self._grant(session, owner, reply, count, watchdog, ms, sent_at)
                     acquired = True
                     return True
                 if deadline.expired():
                     return False
-                session.sleep(waiter, deadline.sleep_bound(-reply - 1, cap))
+                session.sleep(waiter, deadline.sleep_bound(-reply - 1, cap), deadline.remaining())
         finally:
             session.leave(waiter, acquired)
 
@@ -213,6 +225,7 @@ class _LockBase:
                 self._forget(hold)
                 session.drop_hold(hold)
             raise LockLostError(f"lease on {self._name!r} was lost before release")
+        hold.releasing = True  # a renewal racing this release must not call the hold lost
         try:
             left = self._call_release(session, hold, count)
         except BaseException:
@@ -230,6 +243,8 @@ class _LockBase:
         if left == 0:
             self._forget(hold)
             session.drop_hold(hold)
+        else:
+            hold.releasing = False
         return left
 
     def _fire_lost(self) -> None:
@@ -244,9 +259,12 @@ class _LockBase:
         if self._client is None:
             return None
         session = _sessions.get(id(self._client))
-        return session if session is not None and session.client is self._client else None
+        return session if session is not None and session.given is self._client else None
 
     # --- what subclasses define -------------------------------------------------------------
+
+    def release(self) -> None:
+        raise NotImplementedError
 
     def _owner_for(self, session: Session) -> str:
         raise NotImplementedError

@@ -10,7 +10,6 @@ from __future__ import annotations
 import _thread
 import math
 import time
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 __all__ = [
@@ -57,6 +56,10 @@ def check_name(name: object) -> str:
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("name must not be empty")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:  # lone surrogates: no key can carry them
+        raise ValueError(f"name must be encodable as UTF-8: {exc.reason} at position {exc.start}") from None
     return name
 
 
@@ -64,7 +67,10 @@ def check_seconds(value: object, what: str) -> float:
     """Return ``value`` as a positive, finite float of seconds, or raise TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{what} must be a number of seconds, not {type(value).__name__}")
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond any float
+        raise OverflowError(f"{what} is too large (at most {MAX_LEASE:.0f} seconds)") from None
     if math.isnan(seconds):
         raise ValueError(f"{what} must not be NaN")
     if seconds <= 0 or math.isinf(seconds):
@@ -87,7 +93,10 @@ def check_try_lock_timeout(timeout: object) -> Optional[float]:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    seconds = float(timeout)
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int beyond any float
+        raise OverflowError("timeout value is too large") from None
     if math.isnan(seconds):
         raise ValueError("timeout must not be NaN")
     if seconds < 0:
@@ -128,7 +137,6 @@ def unescape_name(escaped: str) -> str:
     return escaped.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
 
 
-@dataclass(frozen=True)
 class Keys:
     """Key and channel names of one primitive.
 
@@ -136,34 +144,35 @@ class Keys:
     keys of one primitive map to one slot and every script touches one slot only. Braces and
     ``%`` inside a name are percent-encoded (``escape_name``), so the tag is always the whole,
     non-empty name, and two names never share a key. Suffixes are chosen so that no
-    ``}suffix`` ends another (``tests/test_logic.py`` checks both).
+    ``}suffix`` ends another (``tests/test_logic.py`` checks both). The names are computed once:
+    they are on every round trip.
     """
 
-    prefix: str
-    name: str
+    __slots__ = ("prefix", "name", "tag", "lock", "fence", "channel")
 
-    @property
-    def tag(self) -> str:
-        return f"{self.prefix}{{{escape_name(self.name)}}}"
-
-    @property
-    def lock(self) -> str:
-        """Hash: owner -> reentrancy count, plus the ``:t`` (token) and ``:i`` (info) fields."""
-        return self.tag
-
-    @property
-    def fence(self) -> str:
-        """String: the last fencing token granted for this name. The only key left at rest."""
-        return self.tag + ":fence"
-
-    @property
-    def channel(self) -> str:
-        """Pub/sub channel: wake-up hints published by releases."""
-        return self.tag + ":wake"
+    def __init__(self, prefix: str, name: str) -> None:
+        self.prefix = prefix
+        self.name = name
+        self.tag = f"{prefix}{{{escape_name(name)}}}"
+        #: hash: owner -> reentrancy count, plus the ``:t`` (token) and ``:i`` (info) fields
+        self.lock = self.tag
+        #: string: the last fencing token granted for this name; the only key left at rest
+        self.fence = self.tag + ":fence"
+        #: pub/sub channel: wake-up hints published by releases
+        self.channel = self.tag + ":wake"
 
     def sub(self, suffix: str) -> str:
         """Another key of the same primitive (same hash tag), for primitives built on top."""
         return f"{self.tag}:{suffix}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Keys) and (self.prefix, self.name) == (other.prefix, other.name)
+
+    def __hash__(self) -> int:
+        return hash((self.prefix, self.name))
+
+    def __repr__(self) -> str:
+        return f"Keys(prefix={self.prefix!r}, name={self.name!r})"
 
 
 # --- deadlines ------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tu
 
 import redis
 
+from ._clients import bounded, renewer
 from ._config import Settings, settings
 from ._scripts import script_names, script_source
 
@@ -45,7 +46,7 @@ class Hold:
 
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
-        "lost", "listeners", "renew", "__weakref__",
+        "lost", "listeners", "renew", "releasing", "__weakref__",
     )
 
     def __init__(self, session: "Session", key: str, owner: str, token: int, count: int,
@@ -62,6 +63,9 @@ class Hold:
         #: grant was *sent*, so it is never later than the server's own deadline)
         self.expires_at = sent_at + lease_ms / 1000.0
         self.lost = False
+        #: set while a release of this hold is in flight: a renewal that finds the hold gone
+        #: then raced the release, and says nothing about a lost lease
+        self.releasing = False
         self.listeners: "weakref.WeakSet[Any]" = weakref.WeakSet()
         #: renew(pipeline, hold, lease_ms): queue one renewal of this hold on ``pipeline``; the
         #: primitive that made the hold knows its script and keys.
@@ -69,17 +73,24 @@ class Hold:
 
 
 class Waiter:
-    """One thread waiting on one channel of this process."""
+    """One thread waiting on one channel of this process.
 
-    __slots__ = ("event", "channel")
+    ``ident`` (optional) names this waiter to hints that wake chosen waiters only: a payload
+    ``=id1,id2`` wakes exactly the local waiters of that channel whose ident is listed, and
+    sets their ``named`` (it stays set: the primitive that published it may treat it as news).
+    """
 
-    def __init__(self, channel: "_Channel") -> None:
+    __slots__ = ("event", "channel", "ident", "named")
+
+    def __init__(self, channel: "_Channel", ident: Optional[str] = None) -> None:
         self.event = threading.Event()
         self.channel = channel
+        self.ident = ident
+        self.named = False
 
 
 class _Channel:
-    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since")
+    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -88,7 +99,14 @@ class _Channel:
         self.confirmed = threading.Event()
         self.waiters: Deque[Waiter] = collections.deque()
         self.idle_since = 0.0
+        self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
 
+
+#: How many times ``Session.run`` loads a script again after NOSCRIPT before it gives up.
+_NOSCRIPT_TRIES = 3
+
+#: How many tries of queued waiters one session has in flight at once.
+WAITER_CONCURRENCY = 4
 
 #: How long a channel stays subscribed after its last waiter left: a lock contended again soon
 #: does not pay SUBSCRIBE/UNSUBSCRIBE each time.
@@ -97,13 +115,28 @@ UNSUBSCRIBE_AFTER = 5.0
 
 class Session:
     def __init__(self, client: "redis.Redis[Any]") -> None:
+        #: the client this session is for (its identity in ``session_for``)
+        self.given = client
+        #: the client it talks through: the same, or a twin with a socket timeout when the given
+        #: one has none (see ``_clients.bounded``), so no command can wait forever
+        client = bounded(client)
         self.client = client
+        self._renewer: Any = None  # (renew interval, twin) of the watchdog, made on first renewal
         self.id = uuid.uuid4().hex
         self.info = f"{socket.gethostname()}:{os.getpid()}"
         self.pid = os.getpid()
         self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
+        self._execute = client.execute_command
         self._mutex = threading.Lock()
+        #: Tries by queued waiters go through these slots, so that a crowd of waiters woken at
+        #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
+        #: to one connection per thread. First tries (the uncontended path) do not pay for it.
+        self.retry_slots = threading.Semaphore(WAITER_CONCURRENCY)
         # pub/sub
+        #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
+        #: threads' first subscribes would each open a connection, one of them orphaned with its
+        #: channels (their wake-ups lost, waiters left to their polling bound).
+        self._pubsub_io = threading.Lock()
         self._channels: Dict[str, _Channel] = {}
         self._pubsub: Any = None
         self._dispatcher: Optional[threading.Thread] = None
@@ -114,6 +147,22 @@ class Session:
         self._watchdog: Optional[threading.Thread] = None
         self._watchdog_kick = threading.Event()
         self._closed = False
+
+    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+        """Run script ``name`` as one EVALSHA; on NOSCRIPT (server restarted or SCRIPT FLUSH)
+        load it and run it again.
+
+        The hot path calls the client's ``execute_command`` directly: redis-py's Script wrapper
+        costs a measurable share of an uncontended acquire.
+        """
+        script = self.scripts[name]
+        for _ in range(_NOSCRIPT_TRIES):
+            try:
+                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                # Another SCRIPT FLUSH may land between the load and the run: try a few times.
+                script.sha = self.client.script_load(script.script)
+        return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
     # --- holds ------------------------------------------------------------------------------
 
@@ -176,7 +225,7 @@ class Session:
         lease_ms = max(1, int(settings().lease * 1000))
         sent_at = time.monotonic()
         try:
-            pipe = self.client.pipeline(transaction=False)
+            pipe = self._renewal_client().pipeline(transaction=False)
             for hold in holds:
                 hold.renew(pipe, hold, lease_ms)
             replies = pipe.execute(raise_on_error=False)
@@ -197,13 +246,18 @@ class Session:
             elif reply == 1:
                 hold.lease_ms = lease_ms
                 hold.expires_at = sent_at + lease_ms / 1000.0
-            else:
+            elif not hold.releasing and self._registered(hold):
                 self.mark_lost(hold)
         return min(1.0, settings().renew_interval) if failed else None
 
+    def _registered(self, hold: Hold) -> bool:
+        """True while ``hold`` is still this session's (not released meanwhile)."""
+        with self._mutex:
+            return self.holds.get((hold.key, hold.owner)) is hold
+
     # --- waiting ----------------------------------------------------------------------------
 
-    def join(self, channel_name: str, bound: Optional[float]) -> Waiter:
+    def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
         """Subscribe to ``channel_name`` (if this process is not yet) and queue a waiter on it.
 
         Wait for the server's confirmation of the subscription at most ``bound`` seconds, so a
@@ -215,14 +269,15 @@ class Session:
             if chan is None:
                 chan = self._channels[channel_name] = _Channel(channel_name)
             chan.refs += 1
-            waiter = Waiter(chan)
+            waiter = Waiter(chan, ident)
             chan.waiters.append(waiter)
             send = chan.pending == 0 and not chan.confirmed.is_set() and self._pubsub is not None
             if send:
                 chan.pending += 1
         if send:
             try:
-                self._pubsub.subscribe(channel_name)
+                with self._pubsub_io:
+                    self._pubsub.subscribe(channel_name)
             except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
                 log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
         if bound is None or bound > 0:
@@ -245,14 +300,17 @@ class Session:
             if chan.refs == 0:
                 chan.idle_since = time.monotonic()
 
-    def sleep(self, waiter: Waiter, head_bound: float) -> None:
+    def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> None:
         """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
         this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
-        the head's place (and a wake-up) in order."""
+        the head's place (and a wake-up) in order. ``limit`` (e.g. the caller's time left)
+        caps either bound."""
         chan = waiter.channel
         bound = head_bound
         if not (chan.waiters and chan.waiters[0] is waiter):
             bound = head_bound * settings().queue_cap_factor
+        if limit is not None:
+            bound = min(bound, limit)
         waiter.event.wait(bound)
         waiter.event.clear()
 
@@ -279,6 +337,7 @@ class Session:
     def _connect_pubsub_locked(self) -> None:
         self._pubsub = self.client.pubsub()
         for chan in self._channels.values():
+            chan.was_up = chan.was_up or chan.confirmed.is_set()
             chan.confirmed.clear()
             chan.pending = 0
 
@@ -306,7 +365,8 @@ class Session:
             for name in names:
                 self._channels[name].pending += 1
         if names:
-            pubsub.subscribe(*names)
+            with self._pubsub_io:
+                pubsub.subscribe(*names)
 
     def _handle(self, message: Dict[str, Any]) -> None:
         kind = message.get("type")
@@ -318,14 +378,28 @@ class Session:
             if chan is None:
                 return
             if kind == "subscribe":
+                # A confirmation for a channel that was subscribed before is a re-subscription
+                # (ours, or redis-py's own after it reconnected inside get_message): hints sent
+                # while the connection was down are lost, so every waiter tries again now.
+                again = chan.was_up or chan.confirmed.is_set()
                 chan.pending = max(0, chan.pending - 1)
                 if chan.pending == 0:
                     chan.confirmed.set()
+                if again:
+                    chan.was_up = False
+                    self._wake(chan, None)
             elif kind == "message":
                 data = message.get("data")
                 if isinstance(data, bytes):
                     data = data.decode("ascii", "replace")
-                self._wake(chan, wake_count(data))
+                idents = wake_idents(data)
+                if idents is not None:
+                    for waiter in chan.waiters:
+                        if waiter.ident is not None and waiter.ident in idents:
+                            waiter.named = True
+                            waiter.event.set()
+                else:
+                    self._wake(chan, wake_count(data))
 
     def _unsubscribe_idle(self, pubsub: Any) -> None:
         now = time.monotonic()
@@ -335,18 +409,19 @@ class Session:
             for chan in idle:
                 del self._channels[chan.name]
         if idle and any(c.confirmed.is_set() for c in idle):
-            pubsub.unsubscribe(*[c.name for c in idle if c.confirmed.is_set()])
+            with self._pubsub_io:
+                pubsub.unsubscribe(*[c.name for c in idle if c.confirmed.is_set()])
 
     def _on_pubsub_broken(self, exc: BaseException) -> None:
-        """The pub/sub connection failed: wake every waiter (each polls until the dispatcher is
-        back), then start over on a fresh connection, which subscribes again."""
+        """The pub/sub connection failed: start over on a fresh connection, which subscribes
+        again. Waiters are woken when the server confirms that re-subscription (see
+        ``_handle``), not now: a try now would most likely meet the same broken server and
+        raise ConnectionError; meanwhile each sleeps no longer than its bound."""
         log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
         with self._mutex:
             old = self._pubsub
             self._connect_pubsub_locked()
             self.pubsub_reconnects += 1
-            for chan in self._channels.values():
-                self._wake(chan, None)
         try:
             old.close()
         except Exception:  # noqa: BLE001 - the connection is already broken
@@ -374,6 +449,40 @@ class Session:
                 pubsub.close()
             except Exception:  # noqa: BLE001
                 pass
+        own = [self._renewer[1]] if self._renewer is not None else []
+        if self.client is not self.given:
+            own.append(self.client)
+        for twin in own:
+            try:
+                twin.connection_pool.disconnect()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _renewal_client(self) -> Any:
+        """The watchdog's own connection (see ``_clients.renewer``): not from the user's pool,
+        and bounded by the renew interval. Remade when configure() changed that interval."""
+        interval = settings().renew_interval
+        current = self._renewer
+        if current is not None and current[0] == interval:
+            return current[1]
+        twin = renewer(self.client, interval)
+        if twin is None:
+            return self.client
+        self._renewer = (interval, twin)
+        if current is not None:
+            try:
+                current[1].connection_pool.disconnect()
+            except Exception:  # noqa: BLE001
+                pass
+        return twin
+
+
+def wake_idents(data: Any) -> Optional[Set[str]]:
+    """The idents a ``=id1,id2`` hint wakes (each exactly, wherever it is in the queue), or
+    None when the hint is a count (``1``, ``3``, ``*``) instead."""
+    if isinstance(data, str) and data.startswith("="):
+        return set(data[1:].split(","))
+    return None
 
 
 def wake_count(data: Any) -> Optional[int]:
@@ -394,11 +503,11 @@ _sessions_lock = threading.Lock()
 
 def session_for(client: "redis.Redis[Any]") -> Session:
     session = _sessions.get(id(client))
-    if session is not None and session.client is client:
+    if session is not None and session.given is client:
         return session
     with _sessions_lock:
         session = _sessions.get(id(client))
-        if session is None or session.client is not client:
+        if session is None or session.given is not client:
             session = _sessions[id(client)] = Session(client)
         return session
 

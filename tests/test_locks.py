@@ -13,15 +13,16 @@ import time
 import warnings
 from typing import Any, List
 
+import _workers
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 import distlock
 from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
 from distlock._server import free_port
 from distlock._session import session_for
-
-import _workers
 
 SPAWN = multiprocessing.get_context("spawn")
 LOCK_TYPES = [DistLock, DistRLock]
@@ -92,7 +93,7 @@ def test_race_for_expired_hold_one_at_a_time(url: str, client: Any, kind: str) -
     finally:
         _join_all([holder])
     results.sort()
-    for (b1, e1, _t1), (b2, _e2, _t2) in zip(results, results[1:]):
+    for (_b1, e1, _t1), (b2, _e2, _t2) in zip(results, results[1:]):
         assert e1 <= b2, "two holders overlapped"
     tokens = [t for _b, _e, t in results]
     assert tokens == sorted(tokens) and len(set(tokens)) == 6 and min(tokens) > token
@@ -259,13 +260,15 @@ def _evalsha_calls(client: Any) -> int:
 def test_one_release_wakes_one_local_waiter(client: Any) -> None:
     """5 threads wait; one release costs exactly one more try (the woken waiter's), not five."""
     distlock.configure(wait_cap=60.0)  # no polling in this test: only hints wake anyone
-    holder = DistLock("wake-one", client=client)
+    holder = DistLock("wake-one", client=client, lease=60)  # explicit leases: no renewals
+    holder.acquire()
+    holder.release()  # the first run of each script loads it (NOSCRIPT): not what we count
     holder.acquire()
     acquired: List[int] = []
     release_next = threading.Event()
 
     def waiter(i: int) -> None:
-        lock = DistLock("wake-one", client=client)
+        lock = DistLock("wake-one", client=client, lease=60)
         lock.acquire(timeout=60)
         acquired.append(i)
         release_next.wait(60)
@@ -356,7 +359,7 @@ def test_one_pubsub_connection_for_many_waiters(client: Any) -> None:
 @pytest.mark.parametrize("cls", LOCK_TYPES)
 @pytest.mark.parametrize("call", ["acquire", "acquire-nonblocking", "try_lock", "locked"])
 def test_unreachable_server_raises(cls: Any, call: str) -> None:
-    dead = redis.Redis(port=free_port(), socket_connect_timeout=1)
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
     lock = cls("nowhere", client=dead)
     with pytest.raises(redis.exceptions.ConnectionError):
         if call == "acquire":
@@ -388,3 +391,53 @@ def test_prefix_is_configurable(client: Any) -> None:
     with lock:
         assert client.exists("myapp:{p}")
     assert client.keys("*") == [b"myapp:{p}:fence"]
+
+
+# --- clients ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_decode_responses_client_works(backend: Any, client: Any, cls: Any) -> None:
+    decoding = backend.client(decode_responses=True)
+    try:
+        lock = cls("decoded", client=decoding)
+        other = cls("decoded", client=decoding)
+        got: List[bool] = []
+
+        def contend() -> None:
+            got.append(other.acquire(timeout=20))
+            other.release()
+
+        with lock:
+            assert isinstance(lock.token, int)
+            t = threading.Thread(target=contend)
+            t.start()
+            time.sleep(0.2)
+        t.join(30)
+        assert got == [True]
+    finally:
+        decoding.close()
+
+
+def test_url_string_client(url: str, client: Any) -> None:
+    a = DistLock("by-url", client=url)
+    b = DistRLock("by-url-r", client=url)
+    with a, b:
+        assert client.exists("distlock:{by-url}") and client.exists("distlock:{by-url-r}")
+    assert a._session() is b._session()  # one client, hence one session, per URL
+
+
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_renewal_racing_release_is_not_a_lost_lease(client: Any, cls: Any) -> None:
+    """Many clean acquire/release pairs under a watchdog renewing as fast as it can: a renewal
+    that finds the hold just released must not report it lost."""
+    distlock.configure(lease=1.0, renew_interval=0.005)
+    lock = cls("racing-renewal", client=client)
+    lost: List[Any] = []
+    lock.on_lost(lost.append)
+    deadline = time.monotonic() + 10
+    for _ in range(400):
+        if time.monotonic() > deadline:
+            break
+        lock.acquire()
+        lock.release()
+    assert lost == []

@@ -1,0 +1,104 @@
+"""Private twins of a user's Redis client, for I/O that must never wait without a bound.
+
+Construction only: nothing here talks to Redis (redis-py connects on the first command).
+
+- ``bounded(client)``: the client itself, unless it has no ``socket_timeout`` (redis-py before
+  6 defaulted to none). Then a dead server that keeps its TCP connections open (a blackhole)
+  would block every command forever, and ``acquire(timeout=1)`` with it. The session then does
+  its I/O through a twin with the same connection settings and ``DEFAULT_IO_TIMEOUT``.
+- ``renewer(client, timeout)``: a one-connection twin for the watchdog, with a socket timeout
+  no longer than the renew interval and no hidden retries (the watchdog retries by itself).
+  It does not share the user's pool, so user code that exhausts a BlockingConnectionPool cannot
+  starve the renewals, and a blackholed server makes the renewal fail in time for the hold to be
+  reported lost when its lease runs out, not a minute later.
+
+Only clients built on redis-py's own pools and connection classes are twinned; anything else
+(Sentinel, Cluster, test doubles) is used as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+__all__ = ["DEFAULT_IO_TIMEOUT", "bounded", "renewer", "socket_timeout_of"]
+
+#: The socket timeout of the session's own I/O when the user's client has none (seconds): the
+#: default of redis-py 6 and later.
+DEFAULT_IO_TIMEOUT = 5.0
+
+_CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
+
+
+def _pool_of(client: Any) -> Any:
+    pool: Any = getattr(client, "connection_pool", None)
+    if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
+        return None
+    if pool.connection_class not in _CONNECTIONS:
+        return None
+    return pool
+
+
+def socket_timeout_of(client: Any) -> Optional[float]:
+    """The client's socket timeout in seconds; None when it has none (or is not twinnable)."""
+    pool = _pool_of(client)
+    if pool is None:
+        return None
+    value = pool.connection_kwargs.get("socket_timeout")
+    return None if value is None else float(value)
+
+
+def _twin(pool: Any, overrides: Dict[str, Any], max_connections: Optional[int]) -> Any:
+    kwargs = dict(pool.connection_kwargs)
+    kwargs.update(overrides)
+    if max_connections is not None:
+        return redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=max_connections, **kwargs))
+    if type(pool) is redis.BlockingConnectionPool:
+        new_pool: Any = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
+            connection_class=pool.connection_class, max_connections=pool.max_connections,
+            timeout=pool.timeout, **kwargs)
+    else:
+        new_pool = redis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
+    return redis.Redis(connection_pool=new_pool)
+
+
+def bounded(client: Any) -> Any:
+    """``client``, or a twin of it with a socket timeout when it has none."""
+    pool = _pool_of(client)
+    if pool is None or pool.connection_kwargs.get("socket_timeout") is not None:
+        return client
+    overrides: Dict[str, Any] = {"socket_timeout": DEFAULT_IO_TIMEOUT}
+    if pool.connection_kwargs.get("socket_connect_timeout") is None:
+        overrides["socket_connect_timeout"] = DEFAULT_IO_TIMEOUT
+    try:
+        return _twin(pool, overrides, None)
+    except (TypeError, ValueError):
+        return client
+
+
+def renewer(client: Any, timeout: float) -> Optional[Any]:
+    """A one-connection twin for the watchdog whose every command gives up after ``timeout``
+    seconds (or the client's own, shorter, socket timeout), without retries; None when the
+    client cannot be twinned."""
+    pool = _pool_of(client)
+    if pool is None:
+        return None
+    own = pool.connection_kwargs.get("socket_timeout")
+    bound = timeout if own is None else min(float(own), timeout)
+    connect = pool.connection_kwargs.get("socket_connect_timeout")
+    overrides = {
+        "socket_timeout": bound,
+        "socket_connect_timeout": bound if connect is None else min(float(connect), bound),
+        "retry": Retry(NoBackoff(), 0),
+        "retry_on_timeout": False,
+        "retry_on_error": [],
+    }
+    try:
+        return _twin(pool, overrides, 1)
+    except (TypeError, ValueError):
+        return None
