@@ -1,0 +1,569 @@
+"""Shared machinery of the benchmarks.
+
+- one private ``redis-server`` per run (``start_server``), never the one on port 6379;
+- interleaved timing of many candidates in short round-robin rounds (``interleaved``), so that
+  the drift of a noisy machine hits every candidate alike and ratios come from the same rounds;
+- cross-process harnesses, each bounded in time and always ending its workers:
+  ``handoff_latency`` (release in this process -> acquire returns in another),
+  ``contended_throughput`` (N processes increment a GET/SET counter under the lock) and
+  ``hold_and_wait`` (this process holds some locks while a spawned process has many threads
+  waiting on them, and a callable measures something meanwhile);
+- Redis-side counters: ``command_calls`` / ``command_rate`` (INFO commandstats) and
+  ``connections_named`` (CLIENT LIST);
+- the result table (``Row``, ``format_table``) and its JSON form.
+
+A lock under test is given as a *factory*: a module-level function
+``factory(client, name) -> LockHandle``. It must be module-level because worker processes
+are started with the ``spawn`` method and unpickle it by reference.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
+
+import redis
+
+from distlock._server import RedisServer
+
+__all__ = [
+    "LockHandle", "LockFactory", "start_server", "connect", "server_meta",
+    "interleaved", "per_round_ratios", "median", "percentile",
+    "Workers", "expect", "handoff_latency", "contended_throughput", "hold_and_wait",
+    "command_calls", "calls_delta", "command_rate", "connections_named",
+    "Row", "format_table", "write_json",
+]
+
+T = TypeVar("T")
+
+SPAWN = multiprocessing.get_context("spawn")
+
+#: How long a worker waits for its next instruction before it gives up and exits (it also exits
+#: at once when the parent's end of the pipe closes).
+WORKER_IDLE_LIMIT = 120.0
+
+
+# --- the lock under test ----------------------------------------------------------------------
+
+class LockHandle:
+    """A lock of any library behind one small interface.
+
+    - ``acquire(timeout)``: block at most ``timeout`` seconds; True when taken;
+    - ``release()``;
+    - ``acquire_default()``: the library's own ``acquire()`` with its defaults (what the
+      uncontended figure times, with no adapter in between);
+    - ``obj``: the library's lock object itself.
+    """
+
+    __slots__ = ("acquire", "release", "acquire_default", "obj")
+
+    def __init__(self, acquire: Callable[[float], bool], release: Callable[[], object],
+                 acquire_default: Optional[Callable[[], object]] = None, obj: object = None) -> None:
+        self.acquire = acquire
+        self.release = release
+        self.acquire_default = acquire_default if acquire_default is not None else (lambda: acquire(60.0))
+        self.obj = obj
+
+
+LockFactory = Callable[["redis.Redis[Any]", str], LockHandle]
+
+
+# --- the server ---------------------------------------------------------------------------------
+
+def start_server() -> RedisServer:
+    """A fresh private redis-server on a free 127.0.0.1 port, no persistence."""
+    return RedisServer()
+
+
+def connect(url: str, **kwargs: Any) -> redis.Redis[Any]:
+    """A client of the benchmark's server, the same for every implementation.
+
+    Without a socket timeout: redis-py 8 defaults to 5 s, which aborts any blocking command
+    waiting longer (python-redis-lock's waiters BLPOP for as long as they wait). Pass
+    ``socket_timeout=`` to override.
+    """
+    kwargs.setdefault("socket_timeout", None)
+    return redis.Redis.from_url(url, **kwargs)
+
+
+def server_meta(client: redis.Redis[Any]) -> Dict[str, Any]:
+    info = client.info("server")
+    return {"redis_version": info.get("redis_version"), "tcp_port": info.get("tcp_port")}
+
+
+# --- statistics -----------------------------------------------------------------------------------
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else math.nan
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100): a value that was actually observed."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return float(ordered[min(rank, len(ordered)) - 1])
+
+
+# --- interleaved timing -----------------------------------------------------------------------
+
+def interleaved(ops: Mapping[str, Callable[[], object]], *, rounds: int, per_round: int,
+                warmup_ops: int = 20, max_seconds: Optional[float] = None) -> Dict[str, List[float]]:
+    """Time every candidate in ``rounds`` short rounds; return µs per call, per round.
+
+    Each round runs every candidate ``per_round`` times back to back, in an order rotated by one
+    each round (round-robin), so a slow spell of the machine is shared out. One warm-up pass of
+    ``warmup_ops`` calls per candidate comes first and is not counted. With ``max_seconds``, stop
+    after the round that crosses it (at least 3 rounds are always run).
+    """
+    names = list(ops)
+    for name in names:
+        fn = ops[name]
+        for _ in range(warmup_ops):
+            fn()
+    out: Dict[str, List[float]] = {name: [] for name in names}
+    started = time.monotonic()
+    perf = time.perf_counter
+    for rnd in range(rounds):
+        shift = rnd % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = ops[name]
+            t0 = perf()
+            for _ in range(per_round):
+                fn()
+            out[name].append((perf() - t0) / per_round * 1e6)
+        if max_seconds is not None and rnd >= 2 and time.monotonic() - started > max_seconds:
+            break
+    return out
+
+
+def per_round_ratios(per_round: Mapping[str, List[float]], reference: str) -> Dict[str, List[float]]:
+    """Each candidate's time divided by ``reference``'s in the same round."""
+    ref = per_round[reference]
+    return {name: [v / r for v, r in zip(values, ref)] for name, values in per_round.items()}
+
+
+# --- worker processes -------------------------------------------------------------------------
+
+class Workers:
+    """Spawned worker processes, each given the child end of a pipe as its last argument.
+
+    A context manager: on exit every worker is joined briefly, then terminated, then killed.
+    """
+
+    def __init__(self, join_timeout: float = 5.0) -> None:
+        self.procs: List[Any] = []
+        self.conns: List[Connection] = []
+        self.join_timeout = join_timeout
+
+    def start(self, target: Callable[..., None], *args: Any) -> Connection:
+        parent_end, child_end = SPAWN.Pipe()
+        proc = SPAWN.Process(target=target, args=(*args, child_end), daemon=True)
+        proc.start()
+        child_end.close()
+        self.procs.append(proc)
+        self.conns.append(parent_end)
+        return parent_end
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.close()  # a worker blocked on recv() sees EOF and exits
+            except OSError:
+                pass
+        deadline = time.monotonic() + self.join_timeout
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=5.0)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def expect(conn: Connection, timeout: float, what: str) -> Any:
+    """The worker's next message, or TimeoutError if it does not come within ``timeout``."""
+    if not conn.poll(timeout):
+        raise TimeoutError(f"worker did not {what} within {timeout:g} s")
+    return conn.recv()
+
+
+def _next_command(conn: Connection) -> Any:
+    if not conn.poll(WORKER_IDLE_LIMIT):
+        return None
+    return conn.recv()
+
+
+# --- handoff latency --------------------------------------------------------------------------
+
+def handoff_latency(client: redis.Redis[Any], url: str, factory: LockFactory, name: str, *,
+                    samples: int, max_seconds: float, settle: Tuple[float, float] = (0.03, 0.13),
+                    acquire_timeout: float = 10.0, warmup: int = 3, seed: int = 1) -> Dict[str, Any]:
+    """Seconds from the start of ``release()`` here to the return of ``acquire()`` in another
+    process that was blocked on it, once per sample.
+
+    Each sample: this process takes the lock; the waiter process is told to acquire and says it
+    is about to; this process sleeps a random time in ``settle`` (so the waiter is blocked, and
+    a polling waiter is caught at a random phase of its poll), stamps ``time.monotonic()`` (one
+    clock for the whole system on Linux) and releases; the waiter stamps the clock when its
+    ``acquire()`` returns, releases, and sends the stamp back. The first ``warmup`` samples are
+    dropped. Stops at ``samples`` or after ``max_seconds``, whichever comes first.
+    """
+    rng = random.Random(seed)
+    holder = factory(client, name)
+    latencies: List[float] = []
+    failures = 0
+    started = time.monotonic()
+    with Workers() as workers:
+        conn = workers.start(_handoff_waiter, url, factory, name, acquire_timeout)
+        if expect(conn, 60.0, "start") != "ready":
+            raise RuntimeError("handoff waiter failed to start")
+        started = time.monotonic()
+        attempt = 0
+        while len(latencies) < samples and attempt < samples + warmup + 20:
+            if time.monotonic() - started > max_seconds:
+                break
+            if not holder.acquire(acquire_timeout):
+                raise RuntimeError(f"holder could not take {name!r} in {acquire_timeout} s")
+            conn.send("go")
+            if expect(conn, 30.0, "start waiting") != "waiting":
+                raise RuntimeError("handoff waiter sent something unexpected")
+            time.sleep(rng.uniform(*settle))
+            t0 = time.monotonic()
+            holder.release()
+            ok, t1 = expect(conn, acquire_timeout + 30.0, "acquire")
+            attempt += 1
+            if not ok:
+                failures += 1
+            elif attempt > warmup:
+                latencies.append(t1 - t0)
+        conn.send("stop")
+    return {"latencies": latencies, "failures": failures, "seconds": time.monotonic() - started,
+            "capped": len(latencies) < samples}
+
+
+def _handoff_waiter(url: str, factory: LockFactory, name: str, acquire_timeout: float,
+                    conn: Connection) -> None:
+    client = connect(url)
+    lock = factory(client, name)
+    try:
+        conn.send("ready")
+        while True:
+            if _next_command(conn) != "go":
+                return
+            conn.send("waiting")
+            ok = lock.acquire(acquire_timeout)
+            t1 = time.monotonic()
+            if ok:
+                lock.release()
+            conn.send((ok, t1))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
+
+
+# --- contended throughput ---------------------------------------------------------------------
+
+def contended_throughput(client: redis.Redis[Any], url: str, factory: LockFactory, name: str,
+                         counter_key: str, *, procs: int = 4, seconds: float = 5.0,
+                         acquire_timeout: float = 10.0) -> Dict[str, Any]:
+    """``procs`` processes loop ``acquire; GET counter; SET counter+1; release`` for ``seconds``.
+
+    All start at one instant. Returns the increments the workers report, the counter's final
+    value, ``lost`` (reported minus final: updates one worker overwrote for another), ops/s
+    over the time from the common start to the last worker's finish, and the Redis commands
+    run meanwhile (``commands``, ``commands_per_op``: commands run inside scripts count too;
+    ``scripts_per_op``: EVALSHA and EVAL calls per increment).
+    """
+    client.delete(counter_key)
+    with Workers() as workers:
+        conns = [workers.start(_contended_worker, url, factory, name, counter_key, acquire_timeout)
+                 for _ in range(procs)]
+        for conn in conns:
+            if expect(conn, 60.0, "start") != "ready":
+                raise RuntimeError("contended worker failed to start")
+        calls_before = command_calls(client)
+        start_at = time.monotonic() + 0.2
+        for conn in conns:
+            conn.send((start_at, start_at + seconds))
+        reports = [expect(conn, seconds + acquire_timeout + 30.0, "finish") for conn in conns]
+        calls = calls_delta(calls_before, command_calls(client))
+    done = sum(r["increments"] for r in reports)
+    final = int(client.get(counter_key) or 0)
+    elapsed = max(r["finished"] for r in reports) - start_at
+    client.delete(counter_key)
+    return {
+        "increments": done, "final": final, "lost": done - final,
+        "ops_per_s": done / elapsed if elapsed > 0 else math.nan, "seconds": elapsed,
+        "per_worker": [r["increments"] for r in reports],
+        "timeouts": sum(r["timeouts"] for r in reports),
+        "release_errors": sum(r["release_errors"] for r in reports),
+        "commands": calls, "commands_per_op": sum(calls.values()) / done if done else math.nan,
+        "scripts_per_op": (calls.get("evalsha", 0) + calls.get("eval", 0)) / done if done else math.nan,
+    }
+
+
+def _contended_worker(url: str, factory: LockFactory, name: str, counter_key: str,
+                      acquire_timeout: float, conn: Connection) -> None:
+    client = connect(url)
+    lock = factory(client, name)
+    try:
+        conn.send("ready")
+        window = _next_command(conn)
+        if window is None:
+            return
+        start_at, end_at = window
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        increments = timeouts = release_errors = 0
+        while time.monotonic() < end_at:
+            if not lock.acquire(acquire_timeout):
+                timeouts += 1
+                continue
+            try:
+                value = client.get(counter_key)
+                client.set(counter_key, int(value or 0) + 1)
+                increments += 1
+            finally:
+                try:
+                    lock.release()
+                except Exception:  # noqa: BLE001 - a lost lease is counted, not fatal
+                    release_errors += 1
+        conn.send({"increments": increments, "timeouts": timeouts,
+                   "release_errors": release_errors, "finished": time.monotonic()})
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
+
+
+# --- one process holds, another has many threads waiting ------------------------------------------
+
+def hold_and_wait(client: redis.Redis[Any], url: str, factory: LockFactory, names: Sequence[str],
+                  measure: Callable[[], T], *, threads: int, settle: float, client_name: str,
+                  wait_timeout: float = 60.0, drain_timeout: float = 30.0,
+                  stagger: float = 0.0) -> Tuple[T, Dict[str, Any]]:
+    """Hold every lock in ``names`` here while a spawned process has ``threads`` threads (thread
+    i on ``names[i % len(names)]``) blocked in ``acquire()``; call ``measure()`` after
+    ``settle`` seconds, then release and let the waiters through.
+
+    The waiting process names its connections ``client_name`` (CLIENT SETNAME), so
+    ``connections_named`` counts exactly its connections. Its threads start together (a barrier)
+    or, with ``stagger``, thread i that many seconds times i later (``settle`` counts from the
+    last start); each waits at most ``wait_timeout``. Returns ``(measure(), report)``; the report says how
+    many waiters got the lock, how many timed out, and ``early``: how many got it before this
+    process released (a holder that expired under the measurement would show there).
+    """
+    holders = [factory(client, n) for n in names]
+    report: Dict[str, Any] = {}
+    with Workers() as workers:
+        conn = workers.start(_waiters_worker, url, factory, list(names), threads, wait_timeout,
+                             client_name, stagger)
+        if expect(conn, 60.0, "start") != "ready":
+            raise RuntimeError("waiting process failed to start")
+        taken: List[LockHandle] = []
+        released_at = math.inf
+        try:
+            for holder in holders:
+                if not holder.acquire(10.0):
+                    raise RuntimeError("holder could not take its lock")
+                taken.append(holder)
+            conn.send("go")
+            if expect(conn, 60.0, "start its threads") != "started":
+                raise RuntimeError("waiting process failed to start its threads")
+            time.sleep(settle + stagger * threads)
+            result = measure()
+        finally:
+            released_at = time.monotonic()
+            holder_errors = []
+            for holder in taken:
+                try:
+                    holder.release()
+                except Exception as exc:  # noqa: BLE001 - reported, e.g. a holder that expired
+                    holder_errors.append(repr(exc))
+        try:
+            report = expect(conn, drain_timeout, "let every waiter through")
+        except TimeoutError:
+            report = {"acquired": None, "timed_out": None, "acquired_at": [], "drained": False}
+    report["early"] = sum(1 for t in report.get("acquired_at", []) if t < released_at)
+    report["holder_errors"] = holder_errors
+    report.pop("acquired_at", None)
+    return result, report
+
+
+def _waiters_worker(url: str, factory: LockFactory, names: List[str], threads: int,
+                    wait_timeout: float, client_name: str, stagger: float, conn: Connection) -> None:
+    client = connect(url, client_name=client_name)
+    locks = [factory(client, names[i % len(names)]) for i in range(threads)]
+    results: List[Optional[Tuple[bool, float]]] = [None] * threads
+    errors: List[str] = []
+    barrier = threading.Barrier(threads + 1)
+
+    def wait(i: int) -> None:
+        try:
+            barrier.wait(30.0)
+        except threading.BrokenBarrierError:
+            return
+        if stagger:
+            time.sleep(stagger * i)
+        try:
+            ok = locks[i].acquire(wait_timeout)
+            at = time.monotonic()
+            if ok:
+                locks[i].release()
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, not printed here
+            errors.append(repr(exc))
+            return
+        results[i] = (ok, at)
+
+    try:
+        conn.send("ready")
+        if _next_command(conn) != "go":
+            return
+        pool = [threading.Thread(target=wait, args=(i,), daemon=True) for i in range(threads)]
+        for thread in pool:
+            thread.start()
+        barrier.wait(30.0)
+        conn.send("started")
+        deadline = time.monotonic() + wait_timeout + 30.0
+        for thread in pool:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        done = [r for r in results if r is not None]
+        conn.send({"acquired": sum(1 for ok, _ in done if ok),
+                   "timed_out": sum(1 for ok, _ in done if not ok),
+                   "unfinished": threads - len(done) - len(errors), "errors": errors,
+                   "drained": len(done) == threads, "acquired_at": [at for ok, at in done if ok]})
+    except (EOFError, BrokenPipeError, ConnectionResetError, threading.BrokenBarrierError):
+        return
+
+
+# --- Redis-side counters ------------------------------------------------------------------------
+
+def command_calls(client: redis.Redis[Any]) -> Dict[str, int]:
+    """Calls per command since the server started (INFO commandstats)."""
+    stats = client.info("commandstats")
+    return {key[len("cmdstat_"):]: int(value["calls"]) for key, value in stats.items()
+            if key.startswith("cmdstat_")}
+
+
+def calls_delta(before: Mapping[str, int], after: Mapping[str, int],
+                exclude: Sequence[str] = ("info",)) -> Dict[str, int]:
+    """Calls per command between two ``command_calls`` snapshots, without ``exclude`` (by
+    default the INFO calls that took the snapshots)."""
+    delta = {cmd: n - before.get(cmd, 0) for cmd, n in after.items() if cmd not in exclude}
+    return {cmd: n for cmd, n in sorted(delta.items(), key=lambda kv: -kv[1]) if n > 0}
+
+
+def command_rate(client: redis.Redis[Any], window: float) -> Dict[str, Any]:
+    """Commands per second the server executed over ``window`` seconds (INFO excluded)."""
+    before = command_calls(client)
+    t0 = time.monotonic()
+    time.sleep(window)
+    after = command_calls(client)
+    elapsed = time.monotonic() - t0
+    delta = calls_delta(before, after)
+    total = sum(delta.values())
+    return {"per_s": total / elapsed, "total": total, "seconds": elapsed, "by_command": delta}
+
+
+def connections_named(client: redis.Redis[Any], name: str) -> int:
+    """How many connections the server has open whose CLIENT SETNAME is ``name``."""
+    return sum(1 for entry in client.client_list() if entry.get("name") == name)
+
+
+# --- the result table -----------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    figure: str
+    impl: str
+    value: Optional[float]
+    unit: str
+    vs_floor: Optional[float] = None
+    vs_redis_py: Optional[float] = None
+    note: str = ""
+    data: Dict[str, Any] = field(default_factory=dict)
+
+
+def _num(value: Optional[float]) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    mag = abs(value)
+    if mag >= 100 or float(value).is_integer():
+        return f"{value:,.0f}"
+    if mag >= 10:
+        return f"{value:.1f}"
+    if mag >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def _ratio(value: Optional[float]) -> str:
+    if value is None or math.isnan(value):
+        return ""
+    return f"{value:.2f}x"
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """An aligned text table, rows of one figure kept together (in order of first appearance)."""
+    first: Dict[str, int] = {}
+    for i, r in enumerate(rows):
+        first.setdefault(r.figure, i)
+    rows = sorted(rows, key=lambda r: first[r.figure])
+    header = ("figure", "implementation", "value", "unit", "vs floor", "vs redis-py", "notes")
+    body = [(r.figure, r.impl, _num(r.value), r.unit, _ratio(r.vs_floor), _ratio(r.vs_redis_py), r.note)
+            for r in rows]
+    widths = [max(len(h), *(len(line[i]) for line in body)) if body else len(h)
+              for i, h in enumerate(header)]
+    right = {2, 4, 5}
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(parts).rstrip()
+
+    out = [line(header), line(["-" * w for w in widths])]
+    previous = None
+    for cells in body:
+        if previous is not None and cells[0] != previous:
+            out.append("")
+        previous = cells[0]
+        out.append(line(cells))
+    return "\n".join(out)
+
+
+def write_json(path: str, meta: Mapping[str, Any], rows: Sequence[Row]) -> None:
+    def clean(obj: Any) -> Any:
+        if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+            return None
+        if isinstance(obj, dict):
+            return {str(k): clean(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return [clean(v) for v in obj]
+        return obj
+
+    payload = {"meta": dict(meta), "rows": [asdict(r) for r in rows]}
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(clean(payload), fh, indent=2)
+        fh.write("\n")
+
+
+_T0 = time.monotonic()
+
+
+def eprint(*args: Any) -> None:
+    """Progress messages, stamped with seconds since start, go to stderr (stdout: the table)."""
+    print(f"[{time.monotonic() - _T0:6.1f} s]", *args, file=sys.stderr, flush=True)

@@ -1,0 +1,401 @@
+#!/usr/bin/env python
+"""DistLock and DistRLock side by side with redis-py's Lock, python-redis-lock and pottery.
+
+Every figure of the benchmark table in one run, against one freshly started private
+redis-server on 127.0.0.1:
+
+- floor: two EVALSHA of ``return 1`` through the same redis-py client (µs per pair);
+- uncontended: acquire + release, µs/op, as a ratio to the floor measured in the same rounds;
+- handoff: from the start of ``release()`` here to the return of ``acquire()`` in another
+  process that was blocked on it (median and p99);
+- contended: 4 processes doing GET/SET of a counter under the lock for a fixed time: ops/s and
+  lost updates;
+- idle: Redis commands/s (INFO commandstats, where the commands a script runs count too)
+  while 10 threads of one process wait on a lock held elsewhere;
+- connections: Redis connections of one process whose 10 or 100 threads wait on 10 locks.
+
+Usage::
+
+    python benchmarks/bench_locks.py [--quick] [--json out.json] [figure ...]
+
+Figures: floor, uncontended, handoff, contended, idle, connections (default: all). The table
+goes to stdout, progress to stderr. ``--quick`` is a short smoke run whose numbers mean little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Dict, List, Optional
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``distlock`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import distlock  # noqa: E402
+from benchmarks import _common as C  # noqa: E402
+from distlock import DistLock, DistRLock  # noqa: E402
+
+try:
+    import redis_lock
+except ImportError:  # pragma: no cover - the "bench" extra is not installed
+    redis_lock = None
+try:
+    import pottery
+except ImportError:  # pragma: no cover
+    pottery = None
+
+FIGURES = ("floor", "uncontended", "handoff", "contended", "idle", "connections")
+
+
+# --- the implementations: module-level factories, so spawned workers can unpickle them ------------
+
+def make_distlock(client: Any, name: str) -> C.LockHandle:
+    lock = DistLock(name, client=client)
+    return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
+
+
+def make_distrlock(client: Any, name: str) -> C.LockHandle:
+    lock = DistRLock(name, client=client)
+    return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
+
+
+def make_redis_py(client: Any, name: str) -> C.LockHandle:
+    lock = client.lock(name)  # its defaults: no expiry, polls every 0.1 s
+    return C.LockHandle(lambda t: lock.acquire(blocking_timeout=t), lock.release, lock.acquire, lock)
+
+
+def make_python_redis_lock(client: Any, name: str) -> C.LockHandle:
+    lock = redis_lock.Lock(client, name)  # its defaults: no expiry, waiters BLPOP a signal list
+    return C.LockHandle(lambda t: lock.acquire(timeout=max(1, math.ceil(t))), lock.release,
+                        lock.acquire, lock)
+
+
+def make_pottery(client: Any, name: str) -> C.LockHandle:
+    lock = pottery.Redlock(key=name, masters={client})  # its defaults: 10 s lease, random retry
+    return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
+
+
+@dataclass(frozen=True)
+class Impl:
+    key: str
+    label: str
+    factory: C.LockFactory
+    available: bool = True
+
+
+IMPLS = [
+    Impl("distlock", "DistLock", make_distlock),
+    Impl("distrlock", "DistRLock", make_distrlock),
+    Impl("redis_py", "redis-py Lock", make_redis_py),
+    Impl("python_redis_lock", "python-redis-lock", make_python_redis_lock, redis_lock is not None),
+    Impl("pottery", "pottery Redlock", make_pottery, pottery is not None),
+]
+REDIS_PY = "redis-py Lock"
+
+
+def impls(*keys: str) -> List[Impl]:
+    return [i for i in IMPLS if i.key in keys and i.available]
+
+
+# --- knobs --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Knobs:
+    rounds: int = 20
+    ops: int = 200
+    uncontended_max_s: float = 180.0
+    handoff_samples: int = 100
+    handoff_max_s: float = 25.0
+    handoff_slow_samples: int = 60  # the polling peers (redis-py Lock, pottery)
+    handoff_slow_max_s: float = 12.0
+    contended_procs: int = 4
+    contended_s: float = 5.0
+    idle_threads: int = 10
+    idle_settle_s: float = 2.0
+    idle_window_s: float = 5.0
+    conn_locks: int = 10
+    conn_threads: tuple = (10, 100)
+    conn_settle_s: float = 3.0
+    conn_stagger_s: float = 0.01  # the extra "starts spread out" run of the largest thread count
+
+
+FULL = Knobs()
+QUICK = Knobs(rounds=3, ops=20, uncontended_max_s=10.0, handoff_samples=8, handoff_max_s=2.0,
+              handoff_slow_samples=4, handoff_slow_max_s=1.5, contended_procs=2, contended_s=0.5,
+              idle_settle_s=0.5, idle_window_s=1.0, conn_settle_s=0.5, conn_stagger_s=0.0)
+
+
+@dataclass
+class Ctx:
+    client: Any
+    url: str
+    knobs: Knobs
+
+
+# --- figures ------------------------------------------------------------------------------------
+
+def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
+    client, k = ctx.client, ctx.knobs
+    script = client.register_script("return 1")
+
+    def floor() -> None:
+        script()
+        script()
+
+    ops: Dict[str, Callable[[], object]] = {"floor": floor}
+    if with_locks:
+        for impl in impls("distlock", "distrlock", "redis_py", "python_redis_lock", "pottery"):
+            handle = impl.factory(client, f"bench:uncontended:{impl.key}")
+            ops[impl.label] = _cycle(handle)
+    C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
+    per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
+    vs_floor = C.per_round_ratios(per_round, "floor")
+    vs_redis = C.per_round_ratios(per_round, REDIS_PY) if REDIS_PY in per_round else {}
+    n = len(per_round["floor"])
+    rows = [C.Row("floor", "2 x EVALSHA 'return 1'", C.median(per_round["floor"]), "µs/pair", 1.0,
+                  note=f"median of {n} rounds x {k.ops}; min {min(per_round['floor']):.0f}",
+                  data={"per_round_us": per_round["floor"]})]
+    for label, values in per_round.items():
+        if label == "floor":
+            continue
+        ratio = C.median(vs_floor[label])
+        note = (f"ratio IQR {C.percentile(vs_floor[label], 25):.2f}-"
+                f"{C.percentile(vs_floor[label], 75):.2f}")
+        if label in ("DistLock", "DistRLock"):
+            note += "; target <= 1.15x floor: " + ("met" if ratio <= 1.15 else "MISSED")
+        rows.append(C.Row("uncontended acquire+release", label, C.median(values), "µs/op", ratio,
+                          C.median(vs_redis[label]) if vs_redis else None, note,
+                          {"per_round_us": values, "per_round_vs_floor": vs_floor[label]}))
+    return rows
+
+
+def _cycle(handle: C.LockHandle) -> Callable[[], None]:
+    acquire, release = handle.acquire_default, handle.release
+
+    def cycle() -> None:
+        acquire()
+        release()
+
+    return cycle
+
+
+def handoff(ctx: Ctx) -> List[C.Row]:
+    k = ctx.knobs
+    rows: List[C.Row] = []
+    medians: Dict[str, float] = {}
+    for impl in impls("distlock", "redis_py", "python_redis_lock", "pottery"):
+        slow = impl.key in ("redis_py", "pottery")
+        samples = k.handoff_slow_samples if slow else k.handoff_samples
+        cap = k.handoff_slow_max_s if slow else k.handoff_max_s
+        C.eprint(f"handoff: {impl.label} (up to {samples} samples / {cap:g} s)")
+        res = C.handoff_latency(ctx.client, ctx.url, impl.factory, f"bench:handoff:{impl.key}",
+                                samples=samples, max_seconds=cap)
+        lat_ms = [x * 1000.0 for x in res["latencies"]]
+        med, p99 = C.median(lat_ms), C.percentile(lat_ms, 99)
+        medians[impl.label] = med
+        note = f"n={len(lat_ms)}{' (capped)' if res['capped'] else ''}"
+        if res["failures"]:
+            note += f", {res['failures']} acquire timeouts"
+        data = {"latencies_ms": lat_ms, **{kk: v for kk, v in res.items() if kk != "latencies"}}
+        rows.append(C.Row("handoff median", impl.label, med, "ms", note=note
+                          + ("; target <= 0.5 ms: " + ("met" if med <= 0.5 else "MISSED")
+                             if impl.key == "distlock" else ""), data=data))
+        rows.append(C.Row("handoff p99", impl.label, p99, "ms", note=note))
+    rows.sort(key=lambda r: r.figure != "handoff median")  # medians first, then p99s (stable)
+    _fill_vs_redis_py(rows, lambda r: r.figure == "handoff median", medians)
+    _fill_vs_redis_py(rows, lambda r: r.figure == "handoff p99",
+                      {r.impl: r.value for r in rows if r.figure == "handoff p99"})
+    return rows
+
+
+def contended(ctx: Ctx) -> List[C.Row]:
+    k = ctx.knobs
+    rows: List[C.Row] = []
+    for impl in impls("distlock", "distrlock", "redis_py", "python_redis_lock", "pottery"):
+        C.eprint(f"contended: {impl.label} ({k.contended_procs} processes x {k.contended_s:g} s)")
+        res = C.contended_throughput(ctx.client, ctx.url, impl.factory, f"bench:contended:{impl.key}",
+                                     f"bench:counter:{impl.key}", procs=k.contended_procs,
+                                     seconds=k.contended_s)
+        note = (f"{res['increments']} increments, final counter {res['final']}, "
+                f"per process {res['per_worker']}, {res['scripts_per_op']:.1f} EVALSHA/op")
+        if res["timeouts"] or res["release_errors"]:
+            note += f", {res['timeouts']} acquire timeouts, {res['release_errors']} release errors"
+        rows.append(C.Row("contended ops/s", impl.label, res["ops_per_s"], "ops/s", note=note, data=res))
+        rows.append(C.Row("contended lost updates", impl.label, float(res["lost"]), "updates",
+                          note="target 0: " + ("met" if res["lost"] == 0 else "MISSED")))
+    ops = {r.impl: r.value for r in rows if r.figure == "contended ops/s"}
+    _fill_vs_redis_py(rows, lambda r: r.figure == "contended ops/s", ops)
+    ref = ops.get(REDIS_PY)
+    for r in rows:
+        if r.figure == "contended ops/s" and r.impl in ("DistLock", "DistRLock") and ref:
+            r.note = f"target >= redis-py: {'met' if (r.value or 0) >= ref else 'MISSED'}; " + r.note
+    return rows
+
+
+def idle(ctx: Ctx) -> List[C.Row]:
+    k = ctx.knobs
+    rows: List[C.Row] = []
+    for impl in impls("distlock", "redis_py", "python_redis_lock", "pottery"):
+        C.eprint(f"idle: {impl.label} ({k.idle_threads} threads, settle {k.idle_settle_s:g} s, "
+                 f"window {k.idle_window_s:g} s)")
+        rate, report = C.hold_and_wait(
+            ctx.client, ctx.url, impl.factory, [f"bench:idle:{impl.key}"],
+            lambda: C.command_rate(ctx.client, k.idle_window_s),
+            threads=k.idle_threads, settle=k.idle_settle_s, client_name=f"bench-idle-{impl.key}",
+            wait_timeout=k.idle_settle_s + k.idle_window_s + 30.0)
+        top = ", ".join(f"{cmd} {n}" for cmd, n in list(rate["by_command"].items())[:3]) or "none"
+        note = f"{rate['total']} commands in {rate['seconds']:.1f} s ({top})"
+        note += _waiter_note(report, k.idle_threads)
+        if impl.key == "distlock":
+            note = "target <= 5/s: " + ("met" if rate["per_s"] <= 5 else "MISSED") + "; " + note
+        rows.append(C.Row("idle load", impl.label, rate["per_s"], "cmd/s", note=note,
+                          data={"rate": rate, "waiters": report}))
+    _fill_vs_redis_py(rows, lambda r: True, {r.impl: r.value for r in rows})
+    return rows
+
+
+def connections(ctx: Ctx) -> List[C.Row]:
+    k = ctx.knobs
+    rows: List[C.Row] = []
+    many = max(k.conn_threads)
+    runs = [(threads, 0.0) for threads in k.conn_threads]
+    if k.conn_stagger_s:
+        runs.append((many, k.conn_stagger_s))
+    for impl in impls("distlock", "redis_py", "python_redis_lock"):
+        counts: Dict[int, int] = {}
+        for threads, stagger in runs:
+            how = f", starts {stagger * 1000:g} ms apart" if stagger else ""
+            C.eprint(f"connections: {impl.label} ({threads} threads on {k.conn_locks} locks{how})")
+            tag = f"bench-conn-{impl.key}-{threads}-{int(stagger * 1000)}"
+            names = [f"bench:conn:{impl.key}:{threads}:{int(stagger * 1000)}:{i}"
+                     for i in range(k.conn_locks)]
+            samples: List[int] = []
+
+            def measure(tag: str = tag, samples: List[int] = samples) -> int:
+                for _ in range(3):  # a few looks, a moment apart; the largest counts
+                    samples.append(C.connections_named(ctx.client, tag))
+                    time.sleep(0.2)
+                return max(samples)
+
+            count, report = C.hold_and_wait(
+                ctx.client, ctx.url, impl.factory, names, measure, threads=threads,
+                settle=k.conn_settle_s, client_name=tag, wait_timeout=k.conn_settle_s + 40.0,
+                drain_timeout=60.0, stagger=stagger)
+            note = f"samples {samples}" + _waiter_note(report, threads)
+            if stagger:
+                note = "diagnostic, not the target; " + note
+            else:
+                counts[threads] = count
+                if impl.key == "distlock" and threads == many and len(counts) > 1:
+                    few = counts[min(k.conn_threads)]
+                    note = (f"target <= {few} (the {min(k.conn_threads)}-thread figure): "
+                            + ("met" if count <= few else "MISSED") + "; " + note)
+            rows.append(C.Row(f"connections, {threads} threads/{k.conn_locks} locks{how}", impl.label,
+                              float(count), "conns", note=note, data={"samples": samples, "waiters": report}))
+    order = [f"connections, {t} threads/{k.conn_locks} locks" for t in k.conn_threads]
+    for fig in {r.figure for r in rows}:
+        _fill_vs_redis_py(rows, lambda r, fig=fig: r.figure == fig,
+                          {r.impl: r.value for r in rows if r.figure == fig})
+    rows.sort(key=lambda r: order.index(r.figure) if r.figure in order else len(order))
+    return rows
+
+
+def _waiter_note(report: Dict[str, Any], threads: int) -> str:
+    parts = []
+    if report.get("drained") is False or report.get("unfinished"):
+        parts.append("waiters did not all finish")
+    if report.get("errors"):
+        parts.append(f"{len(report['errors'])} waiters failed: {report['errors'][0]}")
+    if report.get("timed_out"):
+        parts.append(f"{report['timed_out']} waiters timed out")
+    if report.get("early"):
+        parts.append(f"{report['early']} waiters got the lock before it was released (INVALID)")
+    if report.get("holder_errors"):
+        parts.append(f"holder release failed: {report['holder_errors'][0]}")
+    return "; " + "; ".join(parts) if parts else ""
+
+
+def _fill_vs_redis_py(rows: List[C.Row], which: Callable[[C.Row], bool], values: Dict[str, Any]) -> None:
+    ref = values.get(REDIS_PY)
+    for r in rows:
+        if which(r) and ref and r.value is not None and not math.isnan(r.value):
+            r.vs_redis_py = r.value / ref
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("figures", nargs="*", metavar="figure",
+                        help=f"figures to run (default: all): {', '.join(FIGURES)}")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (< 60 s)")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
+    parser.add_argument("--rounds", type=int, help="uncontended: rounds (default 20; quick 3)")
+    parser.add_argument("--ops", type=int, help="uncontended: ops per candidate per round (200; quick 20)")
+    args = parser.parse_args(argv)
+    unknown = [f for f in args.figures if f not in FIGURES]
+    if unknown:
+        parser.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
+    figures = [f for f in FIGURES if f in args.figures] if args.figures else list(FIGURES)
+    knobs = QUICK if args.quick else FULL
+    if args.rounds:
+        knobs = replace(knobs, rounds=max(1, args.rounds))
+    if args.ops:
+        knobs = replace(knobs, ops=max(1, args.ops))
+
+    started = time.monotonic()
+    rows: List[C.Row] = []
+    server = C.start_server()
+    client = C.connect(server.url)
+    try:
+        ctx = Ctx(client, server.url, knobs)
+        meta: Dict[str, Any] = {
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "figures": figures, "quick": args.quick, "knobs": knobs.__dict__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "redis_py": _version("redis"), "distlock": distlock.__version__,
+            "python_redis_lock": _version("python-redis-lock"), "pottery": _version("pottery"),
+            **C.server_meta(client),
+        }
+        if "floor" in figures or "uncontended" in figures:
+            rows += uncontended(ctx, with_locks="uncontended" in figures)
+        if "handoff" in figures:
+            rows += handoff(ctx)
+        if "contended" in figures:
+            rows += contended(ctx)
+        if "idle" in figures:
+            rows += idle(ctx)
+        if "connections" in figures:
+            rows += connections(ctx)
+    finally:
+        client.close()
+        from distlock._session import reset_sessions
+
+        reset_sessions()
+        server.stop()
+    meta["seconds"] = round(time.monotonic() - started, 1)
+    print(f"distlock benchmarks: redis {meta['redis_version']}, redis-py {meta['redis_py']}, "
+          f"python-redis-lock {meta['python_redis_lock']}, pottery {meta['pottery']}, "
+          f"Python {meta['python']}, {meta['cpus']} CPUs; {meta['seconds']} s"
+          f"{' (--quick: numbers are not meaningful)' if args.quick else ''}")
+    print(C.format_table(rows))
+    if args.json:
+        C.write_json(args.json, meta, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The benchmark script runs end to end (a tiny --quick run of one cheap figure).
+
+Only that it runs, prints its table and exits 0 is checked: performance is measured by the
+benchmark itself, never asserted by a test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from distlock._server import redis_server_binary
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "bench_locks.py")
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_bench_locks_quick_uncontended_prints_a_table() -> None:
+    if redis_server_binary() is None:
+        pytest.skip("the benchmark starts its own redis-server, and there is none on PATH")
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--rounds", "2", "--ops", "5", "uncontended"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "figure" in out and "implementation" in out
+    assert "floor" in out
+    assert "uncontended acquire+release" in out
+    for label in ("DistLock", "DistRLock", "redis-py Lock"):
+        assert label in out, out
