@@ -1,0 +1,357 @@
+"""DistReadWriteLock: shared readers, exclusive writers, across threads, processes and hosts.
+
+``rw.read_lock()`` and ``rw.write_lock()`` are two lock objects with DistRLock's whole surface,
+built on the same ``_LockBase``; they differ in their scripts and their keys (``RWKeys``):
+
+- a writer is one hash (owner -> count, token), like DistRLock's;
+- each read hold is one member (``<owner>#<token>``) of a sorted set scored by its lease
+  deadline on the server's clock: live readers are the scores above now, found in O(log n),
+  and a reader killed with SIGKILL stops blocking writers once its lease runs out (the next
+  writer removes it). Its reentrancy depth is kept by its process (the writer's, in its hash);
+- a writer that has to wait is a member of a sorted set of waiting writers, whose entries are
+  refreshed on every try and expire a few seconds after the last one. While any live entry
+  exists, readers that do not already hold the read lock are refused: writer preference.
+
+Both sides are owned by ``<session id>:<thread ident>``: reentrant per thread. A thread that
+holds the write lock may take the read lock (downgrade); a thread that holds only the read lock
+is refused the write lock at once with RuntimeError (upgrade), instead of deadlocking.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Optional, Tuple
+
+import redis
+
+from ._config import ClientArg, settings
+from ._errors import LockNotOwnedError
+from ._lock import _UNSET, _LockBase
+from ._logic import Deadline, check_lease, check_name, lease_ms, lock_repr
+from ._rwlogic import (
+    UPGRADE_REFUSED,
+    RWKeys,
+    optional_tail,
+    read_release_left,
+    reader_member,
+    write_acquire_args,
+    write_acquire_mode,
+    writer_entry_ms,
+)
+from ._session import Hold, Session, Waiter
+
+__all__ = ["DistReadWriteLock", "DistReadLock", "DistWriteLock"]
+
+log = logging.getLogger("distlock")
+
+
+class _RWSide(_LockBase):
+    """What both sides share: the thread-owned, reentrant surface of DistRLock, the wait loop."""
+
+    _reentrant = "1"
+    _unowned_message = "cannot release un-acquired lock"
+    _kind = "RWSide"
+
+    def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float]) -> None:
+        super().__init__(name, client=client, lease=lease)
+        self._rw = rw
+
+    # --- the threading.RLock surface ---------------------------------------------------------
+
+    def release(self) -> None:
+        """Release one level of the calling thread's hold; the last one ends it.
+
+        Raise LockNotOwnedError (a RuntimeError) when the calling thread does not hold this
+        side, and LockLostError when its lease was lost meanwhile.
+        """
+        session = self._session()
+        hold = self._current(session)
+        if hold is None:
+            raise LockNotOwnedError(self._unowned_message)
+        self._release(hold, session, 1)
+
+    def _is_owned(self) -> bool:
+        return self.owned()
+
+    def _recursion_count(self) -> int:
+        hold = self._current(self._session())
+        return hold.count if hold is not None else 0
+
+    def _release_save(self) -> Tuple[int, int]:
+        """Release the calling thread's hold whatever its depth; return what restores it."""
+        session = self._session()
+        hold = self._current(session)
+        if hold is None:
+            raise LockNotOwnedError(self._unowned_message)
+        count = hold.count
+        self._release(hold, session, 0)
+        return count, threading.get_ident()
+
+    def _acquire_restore(self, state: Tuple[int, int]) -> None:
+        """Take this side back at the depth ``_release_save`` returned (a new grant, new token)."""
+        count, _owner = state
+        self._acquire(True, None, _UNSET, count)
+
+    # --- owners and holds --------------------------------------------------------------------
+
+    @property
+    def _hold_key(self) -> str:
+        raise NotImplementedError
+
+    def _owner_for(self, session: Session) -> str:
+        return f"{session.id}:{threading.get_ident()}"
+
+    def _current(self, session: Session) -> Optional[Hold]:
+        return session.holds.get((self._hold_key, f"{session.id}:{threading.get_ident()}"))
+
+    def _remember(self, hold: Hold) -> None:
+        pass  # like DistRLock: the session's registry, keyed by (key, owner), holds the holds
+
+    def _forget(self, hold: Hold) -> None:
+        pass
+
+    def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
+               ms: int, sent_at: float) -> None:
+        hold = Hold(session, self._hold_key, owner, token, count, watchdog, ms, sent_at,
+                    self._renewer())
+        hold.listeners.add(self)
+        session.add_hold(hold)
+
+    def _renewer(self) -> Any:
+        return self._renew
+
+    # --- the wait loop -----------------------------------------------------------------------
+
+    def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> bool:
+        session = self._session()
+        lease_s = self._lease if lease is _UNSET else lease
+        watchdog = lease_s is None
+        ms = lease_ms(settings().lease if lease_s is None else lease_s)
+
+        held = self._current(session)
+        if held is not None:
+            return self._reenter(session, held, ms, count, watchdog)
+        self._refuse_upgrade(session)
+
+        owner = self._owner_for(session)
+        waits = blocking and timeout != 0
+        queue_ms = self._queue_ms() if waits else 0
+        sent_at = time.monotonic()
+        reply = self._call_acquire(session, owner, ms, count, "", queue_ms, False)
+        if reply > 0:
+            self._grant(session, owner, reply, count, watchdog, ms, sent_at)
+            return True
+        if not waits:
+            return False
+
+        deadline = Deadline(timeout)
+        cap = settings().wait_cap
+        waiter = session.join(self._wait_channel, deadline.remaining())
+        acquired = False
+        try:
+            while True:
+                # The last try (time is up) also takes a writer off the queue, in one script.
+                last = deadline.expired()
+                sent_at = time.monotonic()
+                reply = self._call_acquire(session, owner, ms, count, "", 0 if last else queue_ms, True)
+                if reply > 0:
+                    self._grant(session, owner, reply, count, watchdog, ms, sent_at)
+                    acquired = True
+                    return True
+                if last:
+                    return False
+                self._sleep(session, waiter, deadline.sleep_bound(-reply - 1, cap))
+        except BaseException as exc:
+            # Interrupted while queued (KeyboardInterrupt, a Redis error...): leave the queue
+            # now if the server can be reached; otherwise the entry expires on its own.
+            if not acquired and not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                self._abandon(session, owner)
+            raise
+        finally:
+            session.leave(waiter, acquired)
+
+    # --- what each side defines ----------------------------------------------------------------
+
+    @property
+    def _wait_channel(self) -> str:
+        raise NotImplementedError
+
+    def _refuse_upgrade(self, session: Session) -> None:
+        pass
+
+    def _queue_ms(self) -> int:
+        return 0
+
+    def _sleep(self, session: Session, waiter: Waiter, bound: float) -> None:
+        session.sleep(waiter, bound)
+
+    def _abandon(self, session: Session, owner: str) -> None:
+        pass
+
+    def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
+                      reentry_token: str, queue_ms: int = 0, queued: bool = False) -> int:
+        """One try. ``reentry_token``: '' for a new hold, else the token being re-entered.
+        ``queue_ms``: a writer refused queues itself for that long (0: it does not, and leaves
+        the queue if ``queued``, i.e. it may be in it from an earlier try)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        session = self._peek_session()
+        owner, count = 0, 0
+        if session is not None:
+            for (key, holder), hold in list(session.holds.items()):
+                if key == self._hold_key and not hold.lost:
+                    owner, count = int(holder.rsplit(":", 1)[1]), hold.count
+                    break
+        return lock_repr(self, self._kind, self._name, count > 0, f"owner={owner} count={count}")
+
+
+def _renew_reader(pipe: Any, hold: Hold, ms: int) -> None:
+    hold.session.scripts["rw_read_renew"](
+        keys=(hold.key,), args=(reader_member(hold.owner, hold.token), ms), client=pipe)
+
+
+class DistReadLock(_RWSide):
+    """The read side of a DistReadWriteLock: shared by any number of readers, anywhere.
+
+    ``acquire()`` waits while a writer holds the lock, and also while a writer is waiting for
+    it (writer preference), unless the calling thread already holds the read lock (a re-entry)
+    or holds the write lock (a downgrade): neither is ever refused. Each hold has its own lease,
+    renewed by the watchdog (or the explicit ``lease``), so a reader that dies stops blocking
+    writers once its lease runs out. Reentrant per thread; ``threading.Condition`` accepts it.
+    """
+
+    _kind = "DistReadLock"
+
+    @property
+    def _hold_key(self) -> str:
+        return self._rw.readers
+
+    @property
+    def _wait_channel(self) -> str:
+        return self._rw.reader_channel
+
+    def locked(self) -> bool:
+        """Return True if any reader, in any process on any host, holds the read lock now
+        (a reader whose lease ran out does not count)."""
+        return int(self._session().run("rw_read_count", (self._rw.readers,), ())) > 0
+
+    def _renewer(self) -> Any:
+        return _renew_reader
+
+    def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
+                      reentry_token: str, queue_ms: int = 0, queued: bool = False) -> int:
+        rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
+        return int(session.run("rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
+                               optional_tail((owner, ms), reentry_token, "")))
+
+    def _call_release(self, session: Session, hold: Hold, count: int) -> int:
+        rw = self._rw
+        left = read_release_left(hold.count, count)
+        return int(session.run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+                               optional_tail((reader_member(hold.owner, hold.token),), left, 0)))
+
+
+class DistWriteLock(_RWSide):
+    """The write side of a DistReadWriteLock: excludes every other reader and writer, anywhere.
+
+    A writer that has to wait queues itself, so that new readers wait behind it; it leaves the
+    queue when it gets the lock, when its timeout runs out, or, if it dies, a few seconds after
+    its last try (``2 * wait_cap + 1`` seconds). A thread that holds only the read lock is
+    refused at once with RuntimeError: an upgrade could deadlock. Reentrant per thread;
+    ``threading.Condition(rw.write_lock())`` works.
+    """
+
+    _kind = "DistWriteLock"
+
+    @property
+    def _hold_key(self) -> str:
+        return self._rw.writer
+
+    @property
+    def _wait_channel(self) -> str:
+        return self._rw.writer_channel
+
+    def locked(self) -> bool:
+        """Return True if a writer, in any process on any host, holds the write lock now."""
+        return bool(self._session().client.exists(self._rw.writer))
+
+    def _refuse_upgrade(self, session: Session) -> None:
+        if (self._rw.readers, self._owner_for(session)) in session.holds:
+            raise RuntimeError(UPGRADE_REFUSED)
+
+    def _queue_ms(self) -> int:
+        return writer_entry_ms(settings().wait_cap)
+
+    def _sleep(self, session: Session, waiter: Waiter, bound: float) -> None:
+        # Never longer than the bound, wherever the waiter stands in this process' queue: its
+        # queue entry must be refreshed before it runs out (see writer_entry_ms).
+        session.sleep(waiter, bound, limit=bound)
+
+    def _abandon(self, session: Session, owner: str) -> None:
+        try:
+            session.client.zrem(self._rw.queue, owner)
+        except redis.RedisError as exc:
+            log.debug("distlock: could not leave the writers' queue of %r: %r", self._name, exc)
+
+    def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
+                      reentry_token: str, queue_ms: int = 0, queued: bool = False) -> int:
+        rw = self._rw
+        mode = write_acquire_mode(reentry_token, queue_ms, queued)
+        keys: Tuple[str, ...] = (rw.writer, rw.readers, rw.queue, rw.fence)
+        if mode == "x":
+            keys += (rw.reader_channel,)
+        return int(session.run("rw_write_acquire", keys,
+                               write_acquire_args(owner, ms, session.info, mode, queue_ms, count)))
+
+    def _call_release(self, session: Session, hold: Hold, count: int) -> int:
+        rw = self._rw
+        return int(session.run("rw_write_release",
+                               (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+                               optional_tail((hold.owner, hold.token), count, 1)))
+
+
+class DistReadWriteLock:
+    """A read/write lock shared by every thread, process and host that names it on one Redis.
+
+    ``read_lock()`` and ``write_lock()`` return this object's two sides (the same object on
+    every call), each with DistRLock's whole surface: ``acquire``, ``release``, ``locked``,
+    ``try_lock``, the context manager, ``token``, ``owned``, ``on_lost`` and the ``Condition``
+    protocol. Any number of readers hold the read lock at once; a writer excludes everyone.
+
+    - Writer preference: once a writer waits, new readers wait behind it, so a stream of readers
+      cannot starve writers. Readers that already hold the read lock still re-enter.
+    - Downgrade: the write holder may take the read lock, and keeps it after releasing the
+      write lock. Upgrade is refused with RuntimeError: release the read lock first.
+    - Every grant, read or write, gets a fencing token from the name's one counter.
+    - After every hold is released, nothing but that counter is left in Redis.
+
+    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
+    and ``lease`` (None: the watchdog keeps holds alive while the process lives; a number of
+    seconds: each hold expires by itself after that long), for both sides.
+    """
+
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
+        self._name = check_name(name)
+        check_lease(lease)
+        rw = RWKeys.of(settings().prefix, self._name)
+        self._read = DistReadLock(self._name, rw, client=client, lease=lease)
+        self._write = DistWriteLock(self._name, rw, client=client, lease=lease)
+
+    @property
+    def name(self) -> str:
+        """The shared name: every object of this name on every host is the same lock."""
+        return self._name
+
+    def read_lock(self) -> DistReadLock:
+        """The shared side (the same object on every call)."""
+        return self._read
+
+    def write_lock(self) -> DistWriteLock:
+        """The exclusive side (the same object on every call)."""
+        return self._write
+
+    def __repr__(self) -> str:
+        return f"<distlock.DistReadWriteLock object name={self._name!r} at {hex(id(self))}>"

@@ -1,0 +1,55 @@
+-- Acquire, or re-enter, the read side of a read/write lock.
+-- KEYS[1]  writer hash: owner -> count, ':t' -> token, ':i' -> holder info, ':r' -> readers wait
+-- KEYS[2]  readers: sorted set, '<owner>#<token>' -> lease deadline (server ms)
+-- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
+-- KEYS[4]  fence: last token granted for this name
+-- ARGV[1]  owner id
+-- ARGV[2]  lease, ms
+-- ARGV[3]  absent (or '') for a new hold; for a re-entry, the token of the hold the caller
+--          believes it has
+-- return   token (> 0) when granted or re-entered (the reentrancy depth is the caller's to keep);
+--          0 when the re-entered hold is gone or its lease ran out (the caller's lease is lost;
+--          an expired member is removed);
+--          -(bound + 1) (<= -1) when refused: a writer holds the lock (bound = its PTTL; the
+--          writer's release will then wake the readers) or a writer is waiting (bound = ms
+--          until the earliest live queue entry runs out).
+-- The readers' key always keeps a TTL at least as long as its latest deadline.
+local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[3] or ''
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function keep(member, deadline)
+  redis.call('zadd', KEYS[2], string.format('%.0f', deadline), member)
+  if redis.call('pttl', KEYS[2]) < deadline - now then
+    redis.call('pexpire', KEYS[2], deadline - now)
+  end
+end
+
+if reentry ~= '' then
+  local member = owner .. '#' .. reentry
+  local deadline = tonumber(redis.call('zscore', KEYS[2], member) or '0')
+  if deadline <= now then
+    redis.call('zrem', KEYS[2], member)
+    return 0
+  end
+  keep(member, math.max(deadline, now + lease))
+  return tonumber(reentry)
+end
+
+if redis.call('exists', KEYS[1]) == 1 then
+  if redis.call('hexists', KEYS[1], owner) == 0 then
+    redis.call('hset', KEYS[1], ':r', 1)
+    return held_reply(KEYS[1])
+  end
+  -- the caller holds the write lock: a downgrade, never refused (nor queued behind writers)
+else
+  local first = redis.call('zrangebyscore', KEYS[3], '(' .. string.format('%.0f', now), '+inf',
+                           'withscores', 'limit', 0, 1)
+  if #first > 0 then
+    return -(math.max(1, tonumber(first[2]) - now) + 1)
+  end
+end
+
+local token = next_token(KEYS[4])
+keep(owner .. '#' .. string.format('%.0f', token), now + lease)
+return token

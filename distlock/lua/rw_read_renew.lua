@@ -1,0 +1,19 @@
+-- Renew the lease of a read hold, only if it is still there and its lease has not run out.
+-- KEYS[1]  readers: sorted set, '<owner>#<token>' -> lease deadline (server ms)
+-- ARGV[1]  the hold's member, '<owner>#<token>'
+-- ARGV[2]  new lease, ms
+-- return   1 when renewed; 0 when the hold is gone or its lease ran out: it is never extended
+--          then (an expired member is removed).
+local deadline = tonumber(redis.call('zscore', KEYS[1], ARGV[1]) or '0')
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if deadline <= now then
+  redis.call('zrem', KEYS[1], ARGV[1])
+  return 0
+end
+deadline = math.max(deadline, now + tonumber(ARGV[2]))
+redis.call('zadd', KEYS[1], string.format('%.0f', deadline), ARGV[1])
+if redis.call('pttl', KEYS[1]) < deadline - now then
+  redis.call('pexpire', KEYS[1], deadline - now)
+end
+return 1
