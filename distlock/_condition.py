@@ -1,0 +1,385 @@
+"""DistCondition: ``threading.Condition`` across processes and hosts.
+
+The waiter queue lives in Redis (see :class:`~distlock._condlogic.CondKeys`): a sorted set of
+the waiters not notified yet, in arrival order, and a sorted set of their lease deadlines on
+the server's clock. Every state change is one Lua script:
+
+- ``cond_wait``: join the queue and, for a DistLock or DistRLock, release the lock fully in the
+  same step, so that a notify can never fall between the release and the join;
+- ``cond_notify``: drop waiters whose lease ran out, take the oldest ``n`` of the others off
+  the queue and publish their ids as one hint. A waiter that receives its own id knows it was
+  picked and returns without another round trip;
+- ``cond_leave``: look whether this waiter is still queued (when no hint came), or leave the
+  queue at a timeout; a notification that picked the waiter in that instant is used, never
+  wasted;
+- ``cond_renew``: the session watchdog renews the leases of this process' waiters on a
+  condition, all in one script, so a waiter that dies cannot swallow a notification for longer
+  than its lease.
+
+Pub/sub only shortens the sleep: a waiter looks at Redis again at least every ``wait_cap``
+seconds (the oldest waiter of the process) or ``wait_cap * queue_cap_factor`` (the others),
+whatever the hints do.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from typing import Any, Callable, List, Optional, Set, TypeVar
+
+from ._condlogic import (
+    LEAVE_NOTIFIED,
+    WAIT_LOCK_LOST,
+    CondKeys,
+    check_wait_timeout,
+    cond_repr,
+    notify_arg,
+    notify_count,
+)
+from ._config import ClientArg, check_client, resolve_client, settings
+from ._errors import LockLostError, LockNotOwnedError
+from ._lock import DistLock, DistRLock, _LockBase
+from ._logic import Deadline, Keys, check_name, lease_ms
+from ._session import Hold, Session, Waiter, session_for
+
+__all__ = ["DistCondition"]
+
+T = TypeVar("T")
+
+#: Lock types whose hold this module releases itself, in the same script that joins the queue.
+#: Exact types only: a subclass may keep its hold differently.
+_ATOMIC_TYPES = (DistLock, DistRLock)
+
+#: ``saved`` for the locks this module released itself (restored with ``acquire``).
+_SELF_RELEASED = ("distlock", "self-released")
+
+
+class DistCondition:
+    """``threading.Condition`` shared by every process and host that names it on one Redis.
+
+    ``DistCondition(name, lock=None, *, client=None)``: ``lock`` defaults to a new
+    ``DistRLock(name)``. Any object with ``acquire``/``release`` is accepted, as by
+    ``threading.Condition``; with a DistLock or DistRLock the condition's keys carry the lock's
+    hash tag (one cluster slot) and ``wait()`` releases the lock and joins the queue in one
+    atomic step. Every process that shares the condition must give it the same name and a lock
+    of the same name. ``client`` is a ``redis.Redis`` or a URL; by default the lock's client
+    when the lock is a distlock lock (a read/write lock's side included), else the default
+    client (see ``configure``).
+
+    ``acquire()``, ``release()`` and ``with cond:`` are the lock's. ``wait``, ``wait_for``,
+    ``notify`` and ``notify_all`` behave as ``threading``'s, across processes: ``notify(n)``
+    wakes the ``n`` oldest waiters wherever they are, and ``notify_all()`` those waiting when
+    it is called. What a distributed condition adds is documented on each method.
+    """
+
+    acquire: Callable[..., Any]
+    release: Callable[..., Any]
+
+    def __init__(self, name: str, lock: Any = None, *, client: ClientArg = None) -> None:
+        self._name = check_name(name)
+        if client is not None:
+            check_client(client)
+        if lock is None:
+            lock = DistRLock(name, client=client)
+        self._lock = lock
+        # The lock's own methods, as threading.Condition exports them.
+        self.acquire = lock.acquire
+        self.release = lock.release
+        self._client_arg = client
+        self._client: Any = None
+        lock_keys = getattr(lock, "_keys", None)
+        base = lock_keys if isinstance(lock_keys, Keys) else Keys(settings().prefix, self._name)
+        self._keys = CondKeys.of(base, self._name)
+        self._mutex = threading.Lock()
+        self._waiting = 0  # threads of this process waiting through this object (for repr)
+        self._leases = _LocalLeases(self._keys)
+
+    # --- the lock's side --------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The shared name: with a lock of the same name, the same condition everywhere."""
+        return self._name
+
+    def __enter__(self) -> Any:
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> Any:
+        return self._lock.__exit__(*exc_info)
+
+    def __repr__(self) -> str:
+        return cond_repr(self._lock, self._waiting)
+
+    def _is_owned(self) -> bool:
+        """True when the calling thread (or, for a DistLock, this process' lock object) holds
+        the lock. No round trip for Dist locks."""
+        lock = self._lock
+        owned = getattr(lock, "_is_owned", None)
+        if owned is not None:
+            return bool(owned())
+        if isinstance(lock, DistLock):
+            return lock.owned()
+        # threading's fallback for a lock without _is_owned: "held by anyone" (a plain Lock).
+        if lock.acquire(False):
+            lock.release()
+            return False
+        return True
+
+    def _release_save(self) -> Any:
+        save = getattr(self._lock, "_release_save", None)
+        if save is not None:
+            return save()
+        self._lock.release()
+        return None
+
+    def _acquire_restore(self, saved: Any) -> None:
+        restore = getattr(self._lock, "_acquire_restore", None)
+        if restore is not None and saved is not _SELF_RELEASED:
+            restore(saved)
+        else:
+            self._lock.acquire()
+
+    # --- waiting ----------------------------------------------------------------------------
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Wait until notified or until a timeout occurs.
+
+        The calling thread must hold the lock, or RuntimeError is raised. The lock is released
+        fully, whatever its recursion level, and the caller joins the condition's queue, in one
+        atomic step for a DistLock or DistRLock; then it sleeps until a ``notify`` or
+        ``notify_all`` in any process picks it, or until ``timeout`` seconds (a float) pass.
+        ``timeout`` None waits for ever; zero or less does not wait. Either way the lock is
+        taken back at its recursion level before ``wait`` returns (or raises).
+
+        Return True when notified, False on timeout. A notification that picks the waiter in
+        the same instant as its timeout counts: ``wait`` then returns True. If the waiter's
+        entry vanished while it slept (the server lost its data, or this process could not
+        renew its lease for longer than the lease), ``wait`` returns True as well, since a
+        notification may have gone with it: code that re-checks its predicate, as
+        ``wait_for`` does, is never hurt. Redis errors propagate as ``redis.exceptions``.
+
+        A pub/sub hint that names the waiter wakes it at once; without one (a lost message, a
+        dropped connection) it finds out at its next look, at most ``wait_cap`` seconds later
+        for the oldest waiter of its process and ``wait_cap * queue_cap_factor`` for the others.
+        """
+        if not self._is_owned():
+            raise RuntimeError("cannot wait on un-acquired lock")
+        seconds = check_wait_timeout(timeout)
+        session = self._session()
+        wid = f"{session.id}:{os.urandom(8).hex()}"
+        # Subscribe first: a notify that comes right after the release below finds us listening.
+        waiter = session.join(self._keys.channel, seconds, ident=wid) if seconds != 0 else None
+        with self._mutex:
+            self._waiting += 1
+        try:
+            saved = self._join_and_release(session, wid)
+        except BaseException:
+            self._left(session, waiter)
+            raise
+        outcome: Optional[bool] = None
+        try:
+            outcome = self._sleep(session, wid, waiter, seconds)
+        finally:
+            try:
+                if outcome is None and waiter is not None and waiter.named:
+                    outcome = True
+                elif outcome is None:  # the deadline passed, or an exception: leave the queue
+                    outcome = self._call_leave(session, wid, True) == LEAVE_NOTIFIED
+            finally:
+                self._leases.discard(wid)
+                self._left(session, waiter)
+                self._acquire_restore(saved)
+        return outcome
+
+    def wait_for(self, predicate: Callable[[], T], timeout: Optional[float] = None) -> T:
+        """Wait until ``predicate()`` is true, and return its last result.
+
+        ``predicate`` is called with the lock held, first before any wait and again after each
+        wake-up, so it may read shared state (in Redis, say) that notifiers change under the
+        same lock. With ``timeout`` (seconds), give up once that much time has passed in all
+        and return the predicate's last, false, result. RuntimeError when the lock is not held.
+        """
+        result = predicate()
+        if result:
+            return result
+        deadline: Optional[float] = None
+        wait_time = timeout
+        while not result:
+            if timeout is not None:
+                if deadline is None:
+                    deadline = time.monotonic() + timeout
+                else:
+                    wait_time = deadline - time.monotonic()
+                    if wait_time <= 0:
+                        break
+            self.wait(wait_time)
+            result = predicate()
+        return result
+
+    # --- notifying --------------------------------------------------------------------------
+
+    def notify(self, n: int = 1) -> None:
+        """Wake up to ``n`` waiters of this condition, in any process, oldest first.
+
+        The calling thread must hold the lock, or RuntimeError is raised. Wakes exactly
+        min(n, number waiting) waiters; does nothing when none wait. Waiters whose process died
+        (their lease ran out) are skipped and dropped. One round trip.
+        """
+        if not self._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        self._notify(notify_count(n))
+
+    def notify_all(self) -> None:
+        """Wake every waiter that is waiting on this condition now, in any process.
+
+        Those who start waiting afterwards are not woken. RuntimeError when the lock is not held.
+        """
+        if not self._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        self._notify(None)
+
+    def notifyAll(self) -> None:  # noqa: N802 - threading's deprecated spelling
+        """Wake every waiter; deprecated, use ``notify_all()`` (as in ``threading``)."""
+        warnings.warn("notifyAll() is deprecated, use notify_all() instead",
+                      DeprecationWarning, stacklevel=2)
+        self.notify_all()
+
+    def _notify(self, count: Optional[int]) -> int:
+        """Pick ``count`` waiters (None: all); return how many were picked."""
+        if count == 0:
+            return 0
+        session = self._session()
+        keys = self._keys
+        return int(session.run("cond_notify", (*keys.state, keys.channel), (notify_arg(count),)))
+
+    # --- the machinery ----------------------------------------------------------------------
+
+    def _session(self) -> Session:
+        """The session to talk through: the lock's own for a Dist lock, unless ``client`` said
+        otherwise."""
+        lock = self._lock
+        if self._client_arg is None and isinstance(lock, _LockBase):
+            session: Session = lock._session()
+            return session
+        client = self._client
+        if client is None:
+            client = self._client = resolve_client(self._client_arg)
+        return session_for(client)
+
+    def _join_and_release(self, session: Session, wid: str) -> Any:
+        """Join the queue and release the lock; return what restores the lock. From then on
+        the watchdog renews the waiter's lease."""
+        keys = self._keys
+        ms = lease_ms(settings().lease)
+        sent_at = time.monotonic()
+        # One script for both when the lock is a DistLock/DistRLock on this very session.
+        if type(self._lock) in _ATOMIC_TYPES and self._lock._session() is session:
+            saved = self._release_and_join(session, wid, ms)
+        else:
+            session.run("cond_wait", keys.state, (wid, ms, "", ""))
+            try:
+                saved = self._release_save()
+            except BaseException:
+                self._call_leave(session, wid, True)
+                raise
+        self._leases.add(session, wid, ms, sent_at)
+        return saved
+
+    def _release_and_join(self, session: Session, wid: str, ms: int) -> Any:
+        """DistLock / DistRLock: release the caller's hold and join the queue in one script,
+        keeping the lock object's books as its own release would."""
+        lock = self._lock
+        hold = lock._current(session)
+        if hold is None:
+            raise LockNotOwnedError(lock._unowned_message)
+        if hold.lost:
+            raise LockLostError(f"lease on {lock.name!r} was lost before release")
+        count = hold.count
+        lock._forget(hold)
+        keys = self._keys
+        try:
+            reply = int(session.run("cond_wait", (*keys.state, lock._keys.lock, lock._keys.channel),
+                                    (wid, ms, hold.owner, hold.token)))
+        finally:
+            hold.count = 0
+            session.drop_hold(hold)
+        if reply == WAIT_LOCK_LOST:
+            session.mark_lost(hold)
+            raise LockLostError(f"lease on {lock.name!r} was lost before release")
+        if isinstance(lock, DistRLock):
+            return count, threading.get_ident()
+        return _SELF_RELEASED
+
+    def _sleep(self, session: Session, wid: str, waiter: Optional[Waiter],
+               seconds: Optional[float]) -> Optional[bool]:
+        """Sleep until notified: True; or until the deadline: None (the caller then leaves the
+        queue, which may still find a notification). Redis is asked only when no hint named
+        this waiter: after each bounded sleep, or when the session woke every waiter."""
+        if waiter is None:
+            return None
+        deadline = Deadline(seconds)
+        cap = settings().wait_cap
+        while True:
+            session.sleep(waiter, cap, deadline.remaining())
+            if waiter.named:  # our own id in a notify's hint: picked, nothing to ask
+                return True
+            if deadline.expired():
+                return None
+            if self._call_leave(session, wid, False) == LEAVE_NOTIFIED:
+                return True
+
+    def _call_leave(self, session: Session, wid: str, leave: bool) -> int:
+        return int(session.run("cond_leave", self._keys.state, (wid, "1" if leave else "0")))
+
+    def _left(self, session: Session, waiter: Optional[Waiter]) -> None:
+        if waiter is not None:
+            session.leave(waiter, True)
+        with self._mutex:
+            self._waiting -= 1
+
+
+class _LocalLeases:
+    """The waiters of one condition object in this process, whose leases the session watchdog
+    renews together: one script per renewal, however many threads wait.
+
+    The watchdog knows them as one Hold (key: the leases key; owner: the session and this
+    object), registered while at least one of them waits.
+    """
+
+    __slots__ = ("keys", "ids", "hold", "mutex")
+
+    def __init__(self, keys: CondKeys) -> None:
+        self.keys = keys
+        self.ids: Set[str] = set()
+        self.hold: Optional[Hold] = None
+        self.mutex = threading.Lock()
+
+    def add(self, session: Session, wid: str, ms: int, sent_at: float) -> None:
+        with self.mutex:
+            hold = self.hold
+            if hold is not None and hold.session is not session:  # a forked child: start afresh
+                self.ids.clear()
+                hold = self.hold = None
+            self.ids.add(wid)
+            if hold is None or hold.lost:
+                if hold is not None:
+                    session.drop_hold(hold)
+                hold = self.hold = Hold(session, key=self.keys.leases,
+                                        owner=f"{session.id}:waiters:{id(self):x}", token=0, count=1,
+                                        watchdog=True, lease_ms=ms, sent_at=sent_at, renew=self.renew)
+                session.add_hold(hold)
+
+    def discard(self, wid: str) -> None:
+        with self.mutex:
+            self.ids.discard(wid)
+            if not self.ids and self.hold is not None:
+                self.hold.session.drop_hold(self.hold)
+                self.hold = None
+
+    def renew(self, pipe: Any, hold: Hold, ms: int) -> None:
+        """Queue one renewal of every waiter's lease on ``pipe`` (the watchdog's batch)."""
+        with self.mutex:
+            ids: List[str] = sorted(self.ids)
+        hold.session.scripts["cond_renew"](keys=self.keys.state, args=(ms, *ids), client=pipe)
