@@ -1,12 +1,16 @@
 """distlock: ``threading``'s synchronization primitives across processes and hosts, on Redis."""
 
+from ._condition import DistCondition
 from ._config import Settings, configure
 from ._errors import DistLockError, LockLostError, LockNotOwnedError
 from ._lock import DistLock, DistRLock
+from ._rwlock import DistReadWriteLock
 
 __all__ = [
     "DistLock",
     "DistRLock",
+    "DistReadWriteLock",
+    "DistCondition",
     "configure",
     "Settings",
     "DistLockError",

@@ -1,0 +1,301 @@
+"""Reading lock state for ``distlock status``, ``list`` and ``release``: no I/O here.
+
+The command line fetches raw replies (TYPE, HGETALL, PTTL, GET, ZRANGE, TIME) and hands them to
+the functions below, which turn them into :class:`LockState` records. Keeping the parsing free of
+I/O lets the tests feed it any hash a primitive may write, and lets an asyncio twin share it.
+
+The hash of an exclusive hold (``<prefix>{<name>}``, and a read/write lock's writer hash) holds:
+
+- one field per owner, ``<session id>:<thread ident or random hold id>`` -> reentrancy count;
+- ``:t`` -> the fencing token of the grant;
+- ``:i`` -> ``host:pid`` of the process it was granted to;
+- optionally ``:k`` -> the kind of primitive, for primitives that record it.
+
+Fields that start with ``:`` are metadata; every other field is an owner. A read/write lock's
+readers hash maps each reader to its count and ``<owner>/t`` to its token; a sorted set holds
+each reader's lease deadline in server milliseconds.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ._logic import unescape_name
+
+__all__ = [
+    "Owner",
+    "LockState",
+    "parse_owner",
+    "parse_info",
+    "guess_kind",
+    "exclusive_state",
+    "rw_state",
+    "free_state",
+    "name_from_key",
+    "scan_pattern",
+    "glob_escape",
+    "redact_url",
+]
+
+Raw = Union[bytes, str]
+
+
+def _text(value: Optional[Raw]) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def _int(value: Optional[Raw]) -> Optional[int]:
+    text = _text(value) if not isinstance(value, (int, float)) else str(int(value))
+    if text is None:
+        return None
+    try:
+        return int(float(text)) if "." in text or "e" in text.lower() else int(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Owner:
+    """One owner of a hold."""
+
+    owner: str
+    session: str
+    #: ``threading.get_ident()`` of the holding thread (DistRLock, read/write lock), else None
+    thread: Optional[int]
+    #: the random per-hold id (DistLock, whose hold belongs to an object, not a thread), else None
+    hold_id: Optional[str]
+    count: int
+    host: Optional[str] = None
+    pid: Optional[int] = None
+    #: ``exclusive``, or ``write`` / ``read`` for a read/write lock
+    mode: str = "exclusive"
+    #: this owner's fencing token, when the primitive keeps one per owner (readers)
+    token: Optional[int] = None
+    #: this owner's remaining lease in ms, when the primitive keeps one per owner (readers)
+    lease_ms: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class LockState:
+    """What ``distlock status`` shows for one primitive of one name."""
+
+    name: str
+    key: str
+    #: ``DistLock``, ``DistRLock``, ``DistLock/DistRLock`` when the owner ids cannot tell them
+    #: apart, ``DistReadWriteLock``, another primitive's own ``:k``, ``free`` when nothing is
+    #: held, or ``unknown (<redis type>)`` for a key this version does not know
+    kind: str
+    held: bool
+    owners: Tuple[Owner, ...] = ()
+    #: sum of the owners' reentrancy counts
+    count: int = 0
+    #: remaining lease in ms (for readers: the longest, as the lock is held until then); None
+    #: when not held or when the key has no expiry
+    lease_ms: Optional[int] = None
+    #: the fencing token of the current hold (for readers: the newest), or when free the last
+    #: token granted (None: never granted)
+    token: Optional[int] = None
+    #: the last token granted for this name (the ``:fence`` key), None when never granted
+    fence: Optional[int] = None
+    #: writers queued on a read/write lock (they keep new readers out)
+    waiting_writers: int = 0
+    extra: Dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> Dict[str, Any]:
+        data = asdict(self)
+        data["owners"] = [asdict(o) for o in self.owners]
+        return data
+
+
+_RANDOM_HOLD_ID = re.compile(r"[0-9a-f]{12}")
+
+
+def parse_owner(owner: str, count: int, host: Optional[str] = None, pid: Optional[int] = None,
+                mode: str = "exclusive", token: Optional[int] = None,
+                lease: Optional[int] = None) -> Owner:
+    """Split an owner field ``<session id>:<thread ident | random hold id>``.
+
+    A thread-owned hold's second part is the decimal thread ident; a DistLock's is 12 random hex
+    digits (6 random bytes). Twelve decimal digits fit both; they are reported as a hold id, as
+    a thread ident that short is rare on 64-bit systems (see :func:`guess_kind`).
+    """
+    session, sep, rest = owner.rpartition(":")
+    if not sep:
+        return Owner(owner, owner, None, None, count, host, pid, mode, token, lease)
+    if rest.isdigit() and not _RANDOM_HOLD_ID.fullmatch(rest):
+        return Owner(owner, session, int(rest), None, count, host, pid, mode, token, lease)
+    return Owner(owner, session, None, rest, count, host, pid, mode, token, lease)
+
+
+def parse_info(info: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
+    """``host:pid`` -> (host, pid); tolerant of hosts that contain colons."""
+    if not info:
+        return None, None
+    host, sep, pid = info.rpartition(":")
+    if not sep:
+        return info, None
+    try:
+        return host, int(pid)
+    except ValueError:
+        return info, None
+
+
+def guess_kind(owners: Sequence[Owner], recorded: Optional[str]) -> str:
+    """The kind of primitive behind an exclusive lock hash.
+
+    A ``:k`` field recorded by the primitive wins. Otherwise the owner ids tell: a thread ident
+    means DistRLock, a random hold id DistLock. Twelve decimal digits could be either.
+    """
+    if recorded:
+        return recorded
+    kinds = set()
+    for owner in owners:
+        if owner.thread is not None:
+            kinds.add("DistRLock")
+        elif owner.hold_id is not None and owner.hold_id.isdigit():
+            kinds.add("DistLock/DistRLock")
+        elif owner.hold_id is not None and _RANDOM_HOLD_ID.fullmatch(owner.hold_id):
+            kinds.add("DistLock")
+        else:
+            kinds.add("unknown (hash)")
+    if not kinds:
+        return "unknown (hash)"
+    return kinds.pop() if len(kinds) == 1 else "/".join(sorted(kinds))
+
+
+def _split_hash(fields: Optional[Mapping[Raw, Raw]]) -> Tuple[Dict[str, str], List[Tuple[str, str]]]:
+    meta: Dict[str, str] = {}
+    plain: List[Tuple[str, str]] = []
+    for raw_field, raw_value in (fields or {}).items():
+        name = _text(raw_field) or ""
+        value = _text(raw_value) or ""
+        if name.startswith(":"):
+            meta[name] = value
+        else:
+            plain.append((name, value))
+    return meta, plain
+
+
+def free_state(name: str, key: str, fence: Optional[Raw]) -> LockState:
+    """Nothing of this name is held; ``token`` is the last one granted."""
+    token = _int(fence)
+    return LockState(name, key, "free", False, token=token, fence=token)
+
+
+def exclusive_state(name: str, key: str, key_type: Optional[Raw],
+                    fields: Optional[Mapping[Raw, Raw]], pttl: Optional[int],
+                    fence: Optional[Raw]) -> Optional[LockState]:
+    """The state of an exclusive hold (DistLock, DistRLock); None when the key is absent.
+
+    ``key_type`` is the TYPE reply of the lock key (``none`` when absent), ``fields`` its
+    HGETALL reply (ignored unless it is a hash), ``pttl`` its PTTL reply (-2 absent, -1 no
+    expiry), ``fence`` the GET reply of the ``:fence`` key.
+    """
+    fence_token = _int(fence)
+    kind_raw = _text(key_type) or "none"
+    if kind_raw == "none":
+        return None
+    lease = pttl if pttl is not None and pttl >= 0 else None
+    if kind_raw != "hash":
+        return LockState(name, key, f"unknown ({kind_raw})", True, lease_ms=lease,
+                         token=fence_token, fence=fence_token)
+    meta, plain = _split_hash(fields)
+    host, pid = parse_info(meta.pop(":i", None))
+    owners = tuple(sorted(
+        (parse_owner(o, _int(c) or 0, host, pid) for o, c in plain), key=lambda o: o.owner))
+    token = _int(meta.pop(":t", None))
+    kind = guess_kind(owners, meta.pop(":k", None))
+    return LockState(
+        name, key, kind, True, owners, sum(o.count for o in owners), lease,
+        token if token is not None else fence_token, fence_token, 0, dict(sorted(meta.items())),
+    )
+
+
+def _pairs(reply: Any) -> List[Tuple[str, float]]:
+    """A ZRANGE ... WITHSCORES reply (list of pairs, or a flat list) as (member, score)."""
+    if not reply:
+        return []
+    items = list(reply)
+    if isinstance(items[0], (list, tuple)):
+        return [(_text(m) or "", float(s)) for m, s in items]
+    return [(_text(items[i]) or "", float(items[i + 1])) for i in range(0, len(items) - 1, 2)]
+
+
+def rw_state(name: str, writer_key: str, writer_type: Optional[Raw],
+             writer_fields: Optional[Mapping[Raw, Raw]], writer_pttl: Optional[int],
+             readers: Any, queue: Any, now_ms: int, fence: Optional[Raw]) -> Optional[LockState]:
+    """The state of a DistReadWriteLock; None when neither side is held.
+
+    ``readers`` and ``queue`` are ``ZRANGE key 0 -1 WITHSCORES`` replies: read holds
+    (``<owner>#<token>`` -> lease deadline) and waiting writers' entries, both in server ms;
+    ``now_ms`` is the server's TIME. Readers past their deadline are gone, as keys past their
+    TTL are. A read hold's reentrancy depth lives in its process only, so it shows as 1.
+    """
+    fence_token = _int(fence)
+    waiting = sum(1 for _, score in _pairs(queue) if score > now_ms)
+    owners: List[Owner] = []
+    token: Optional[int] = None
+    lease: Optional[int] = None
+    if (_text(writer_type) or "none") == "hash":
+        meta, plain = _split_hash(writer_fields)
+        host, pid = parse_info(meta.get(":i"))
+        token = _int(meta.get(":t"))
+        for owner, count in plain:
+            owners.append(parse_owner(owner, _int(count) or 0, host, pid, "write"))
+        lease = writer_pttl if writer_pttl is not None and writer_pttl >= 0 else None
+    for member, score in _pairs(readers):
+        if score <= now_ms:
+            continue
+        owner, _, raw_token = member.rpartition("#")
+        reader_token = _int(raw_token)
+        left = int(score - now_ms)
+        owners.append(parse_owner(owner or member, 1, None, None, "read", reader_token, left))
+        if reader_token is not None and (token is None or reader_token > token):
+            token = reader_token
+        lease = left if lease is None else max(lease, left)
+    if not owners:
+        return None
+    return LockState(name, writer_key, "DistReadWriteLock", True, tuple(owners),
+                     sum(o.count for o in owners), lease,
+                     token if token is not None else fence_token, fence_token, waiting)
+
+
+def name_from_key(prefix: str, key: Raw, suffixes: Iterable[str] = ("",)) -> Optional[str]:
+    """The primitive name of a key ``<prefix>{<escaped name>}<suffix>`` for one of
+    ``suffixes``; None for any other key."""
+    text = _text(key) or ""
+    start = prefix + "{"
+    if not text.startswith(start):
+        return None
+    for suffix in suffixes:
+        end = "}" + suffix
+        if text.endswith(end) and len(text) > len(start) + len(end):
+            return unescape_name(text[len(start):len(text) - len(end)])
+    return None
+
+
+_GLOB_SPECIAL = re.compile(r"([\\*?\[\]])")
+
+
+def glob_escape(text: str) -> str:
+    """Escape Redis glob characters so that ``text`` matches only itself."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+def scan_pattern(prefix: str, pattern: str) -> str:
+    """The SCAN MATCH pattern for every key of the names that match the glob ``pattern``."""
+    return f"{glob_escape(prefix)}{{{pattern}}}*"
+
+
+_URL_PASSWORD = re.compile(r"^([a-z0-9+.-]+://)([^:@/]*):([^@/]*)@", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for messages."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{m.group(2)}:***@", url)
