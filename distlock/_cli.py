@@ -416,7 +416,9 @@ def _force_release(client: redis.Redis, state: LockState) -> tuple[int, int]:
         writer = [o for o in state.owners if o.mode == "write"]
         seen = str(state.token) if writer and state.token is not None else ""
     else:
-        channels = [k.channel]
+        # every waiting process listens on its own channel, registered in the lock's queue
+        registered = [m.decode() if isinstance(m, bytes) else m for m in client.zrange(k.queue, 0, -1)]
+        channels = [k.channel, *registered]
         data = [k.lock]
         seen = "" if state.token is None or state.kind.startswith("unknown") else str(state.token)
     script = client.register_script(script_source("force_release"))

@@ -300,7 +300,7 @@ class DistCondition:
         lock._forget(hold)
         keys = self._keys
         try:
-            reply = int(session.run("cond_wait", (*keys.state, lock._keys.lock, lock._keys.channel),
+            reply = int(session.run("cond_wait", (*keys.state, lock._keys.lock, lock._keys.queue),
                                     (wid, ms, hold.owner, hold.token)))
         finally:
             hold.count = 0

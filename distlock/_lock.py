@@ -17,6 +17,8 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
+import redis
+
 from ._config import ClientArg, check_client, resolve_client, settings
 from ._errors import LockLostError, LockNotOwnedError
 from ._logic import (
@@ -28,8 +30,9 @@ from ._logic import (
     check_try_lock_timeout,
     lease_ms,
     lock_repr,
+    registry_lease_ms,
 )
-from ._session import Hold, Session, _sessions, session_for
+from ._session import Hold, Session, Waiter, _sessions, session_for
 
 __all__ = ["DistLock", "DistRLock"]
 
@@ -135,20 +138,24 @@ class _LockBase:
             client = self._client = resolve_client(self._client_arg)
         return session_for(client)
 
-    def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str) -> int:
+    def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
+                      waiter: Optional[Waiter] = None) -> int:
         """One try. ``mode``: '' first try, 'w' a queued waiter's try, else re-entry token."""
         keys = self._keys
         args: Tuple[Any, ...] = (owner, ms, session.info)
-        if mode or count != 1:
+        if waiter is not None:
+            others = "1" if len(waiter.channel.waiters) > 1 else "0"
+            args += (mode, count, waiter.channel.name, registry_lease_ms(settings().wait_cap), others)
+        elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
-        return int(session.run("lock_acquire", (keys.lock, keys.fence), args))
+        return int(session.run("lock_acquire", (keys.lock, keys.fence, keys.queue), args))
 
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         keys = self._keys
         args: Tuple[Any, ...] = (hold.owner, hold.token)
         if count != 1:
             args += (count,)
-        return int(session.run("lock_release", (keys.lock, keys.channel), args))
+        return int(session.run("lock_release", (keys.lock, keys.queue), args))
 
     @staticmethod
     def _renew(pipe: Any, hold: Hold, ms: int) -> None:
@@ -175,13 +182,15 @@ class _LockBase:
 
         deadline = Deadline(timeout)
         cap = settings().wait_cap
-        waiter = session.join(self._keys.channel, deadline.remaining())
+        # Each process waits on its own channel for this lock, registered (by its failed tries)
+        # with the lock, so that a release wakes one waiting process, not every subscriber.
+        waiter = session.join(self._keys.waiter_channel(session.id), deadline.remaining())
         acquired = False
         try:
             while True:
                 with session.retry_slots:
                     sent_at = time.monotonic()
-                    reply = self._call_acquire(session, owner, ms, count, "w")
+                    reply = self._call_acquire(session, owner, ms, count, "w", waiter)
                 if reply > 0:
                     self._grant(session, owner, reply, count, watchdog, ms, sent_at)
                     acquired = True
@@ -190,7 +199,16 @@ class _LockBase:
                     return False
                 session.sleep(waiter, deadline.sleep_bound(-reply - 1, cap), deadline.remaining())
         finally:
-            session.leave(waiter, acquired)
+            if session.leave(waiter, acquired) and not acquired:
+                self._unregister(session, waiter)
+
+    def _unregister(self, session: Session, waiter: Waiter) -> None:
+        """The process' last waiter left without the lock: leave the registry, so that no
+        release wakes this process for nothing (best effort: the entry expires anyway)."""
+        try:
+            session.run("lock_unwait", (self._keys.queue,), (waiter.channel.name,))
+        except redis.RedisError:
+            pass
 
     def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> bool:
         if held.lost:

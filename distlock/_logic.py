@@ -148,7 +148,7 @@ class Keys:
     they are on every round trip.
     """
 
-    __slots__ = ("prefix", "name", "tag", "lock", "fence", "channel")
+    __slots__ = ("prefix", "name", "tag", "lock", "fence", "channel", "queue")
 
     def __init__(self, prefix: str, name: str) -> None:
         self.prefix = prefix
@@ -158,8 +158,15 @@ class Keys:
         self.lock = self.tag
         #: string: the last fencing token granted for this name; the only key left at rest
         self.fence = self.tag + ":fence"
-        #: pub/sub channel: wake-up hints published by releases
+        #: pub/sub channel: wake-up hints for every waiter of the name (force-release, and
+        #: primitives built on top); exclusive locks wake one process via ``waiter_channel``
         self.channel = self.tag + ":wake"
+        #: sorted set: the wake-up channels of processes waiting for an exclusive lock
+        self.queue = self.tag + ":q"
+
+    def waiter_channel(self, session_id: str) -> str:
+        """The wake-up channel of one process (session) waiting for an exclusive lock."""
+        return f"{self.channel}:{session_id}"
 
     def sub(self, suffix: str) -> str:
         """Another key of the same primitive (same hash tag), for primitives built on top."""
@@ -213,6 +220,13 @@ class Deadline:
 
 #: release script: the hold was not (or no longer) ours, or its token changed.
 RELEASE_LOST = -1
+
+
+def registry_lease_ms(wait_cap: float) -> int:
+    """How long a process stays registered as waiting after its last failed try: longer than
+    the longest a head waiter sleeps between tries (``wait_cap``), so a live process never drops
+    out, and short enough that a dead one stops being woken within seconds."""
+    return int((2 * wait_cap + 1) * 1000)
 
 
 # --- reprs ----------------------------------------------------------------------------------

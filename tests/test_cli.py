@@ -532,3 +532,31 @@ def test_demo_on_a_given_server_leaves_nothing_behind(url: str, client: redis.Re
     assert url in result.stdout
     _check_demo(result, 2, 20)
     assert keys_of(client) == []
+
+
+@pytest.mark.real_redis
+def test_force_release_wakes_waiters_at_once(url: str, client: Any) -> None:
+    """A waiter of another process is woken by the force-release's hint, not by polling: its
+    polling bound is set far beyond the test's patience."""
+    configure(wait_cap=60.0)
+    stuck = DistLock("stuck", client=client, lease=60)
+    assert stuck.acquire()
+    got = threading.Event()
+
+    def wait() -> None:
+        waiter = DistLock("stuck", client=redis.Redis.from_url(url), lease=60)
+        if waiter.acquire(timeout=50):
+            got.set()
+            waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not client.zcard("distlock:{stuck}:q") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.zcard("distlock:{stuck}:q") == 1  # the waiting process registered
+        assert cli("release", "--force", "stuck", "--url", url).returncode == 0
+        assert got.wait(20), "the waiter was not woken by the force-release"
+    finally:
+        thread.join(60)

@@ -28,3 +28,32 @@ local function held_reply(key)
   if pttl < 0 then pttl = 0 elseif pttl == 0 then pttl = 1 end
   return -(pttl + 1)
 end
+
+-- The registry of waiting processes of an exclusive lock: a sorted set whose members are the
+-- wake-up channels of the processes that have threads waiting (one channel per process and
+-- lock, named by the client), scored by the entry's deadline on the server clock (ms). A
+-- release wakes exactly one waiting process, not every subscriber; entries of processes that
+-- died expire by their deadline.
+
+local function now_ms()
+  local t = redis.call('time')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- register_waiter(queue, channel, ms): (re)enter a process' channel, at the back, for ms.
+local function register_waiter(queue, channel, ms)
+  redis.call('zadd', queue, now_ms() + ms, channel)
+  if redis.call('pttl', queue) < ms then
+    redis.call('pexpire', queue, ms)
+  end
+end
+
+-- wake_one(queue): hint the longest-registered live waiting process, and take it off the
+-- registry (its waiter registers again if it loses the race for the lock).
+local function wake_one(queue)
+  redis.call('zremrangebyscore', queue, '-inf', now_ms())
+  local first = redis.call('zpopmin', queue)
+  if first[1] then
+    redis.call('publish', first[1], '1')
+  end
+end

@@ -5,14 +5,14 @@
 -- KEYS[2]  leases: sorted set, waiter id -> lease deadline (server clock, ms), for the same
 --          waiters
 -- KEYS[3]  lock hash (only when ARGV[3] is not ''): owner -> count, ':t' -> token,
---          ':w' -> present when someone waits for the lock (then the release publishes)
--- KEYS[4]  the lock's wake-up channel (only when ARGV[3] is not '')
+--          ':w' -> present when processes may wait for the lock (then the release wakes one)
+-- KEYS[4]  the lock's registry of waiting processes (only when ARGV[3] is not '')
 -- ARGV[1]  waiter id
 -- ARGV[2]  waiter lease, ms (the session watchdog renews it)
 -- ARGV[3]  lock owner id, or '' when the caller releases its lock itself (not a Dist lock)
 -- ARGV[4]  token of the lock hold the caller believes it has
--- return   0 when queued (and the lock released: freed, with one wake-up hint on its channel
---          when someone waits for it, as lock_release does);
+-- return   0 when queued (and the lock released: freed, waking one waiting process when the
+--          hold was waited on, as lock_release does);
 --          -1 when the lock hold is gone or someone else's (nothing changed).
 if ARGV[3] ~= '' then
   local fields = redis.call('hmget', KEYS[3], ARGV[3], ':t', ':w')
@@ -21,7 +21,7 @@ if ARGV[3] ~= '' then
   end
   redis.call('del', KEYS[3])
   if fields[3] then
-    redis.call('publish', KEYS[4], '1')
+    wake_one(KEYS[4])
   end
 end
 local t = redis.call('time')

@@ -1,17 +1,21 @@
 -- Acquire, or re-enter, an exclusive owner-counted hold (DistLock, DistRLock).
 -- KEYS[1]  lock hash: owner -> count, ':t' -> fencing token, ':i' -> holder info,
---          ':w' -> present when someone waits (the release then publishes a wake-up)
+--          ':w' -> present when processes may be waiting (the release then wakes one)
 -- KEYS[2]  fence: last token granted for this name
+-- KEYS[3]  registry of waiting processes: sorted set, wake-up channel -> entry deadline (ms)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  holder info (host:pid), kept for `distlock status`
--- ARGV[4]  mode: absent or '' for a first try; 'w' for a try by a waiter (queued for
---          wake-ups); otherwise the token of the hold the caller believes it has (re-entry)
+-- ARGV[4]  mode: absent or '' for a first try; 'w' for a try by a queued waiter; otherwise
+--          the token of the hold the caller believes it has (re-entry)
 -- ARGV[5]  count to add; absent means 1 (the saved count for _acquire_restore())
+-- ARGV[6]  mode 'w' only: the waiter's process channel, to register when the try fails
+-- ARGV[7]  mode 'w' only: registry entry lease, ms
+-- ARGV[8]  mode 'w' only: '1' when other threads of the process still wait after a grant
 -- return   token (> 0) when granted or re-entered;
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(pttl + 1) (<= -1) when someone else holds it, pttl its remaining lease in ms
---          (0 when unknown); the hold is then flagged so that its release publishes.
+--          (0 when unknown); the hold is then flagged so that its release wakes a waiter.
 local lease = tonumber(ARGV[2])
 local mode = ARGV[4] or ''
 local count = ARGV[5] or '1'
@@ -25,16 +29,29 @@ if mode ~= '' and mode ~= 'w' then
   end
   return tonumber(mode)
 end
-if redis.call('exists', KEYS[1]) == 1 then
+-- One EXISTS answers the uncontended case: neither a hold nor anyone registered as waiting.
+local present = redis.call('exists', KEYS[1], KEYS[3])
+if present > 0 and redis.call('exists', KEYS[1]) == 1 then
+  if mode == 'w' then
+    register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
+  end
   redis.call('hset', KEYS[1], ':w', 1)
   return held_reply(KEYS[1])
 end
-local token = next_token(KEYS[2])
-if mode == 'w' then
-  -- granted to a waiter: others of its process may still wait, so its release must publish
-  redis.call('hset', KEYS[1], ARGV[1], count, ':t', string.format('%.0f', token), ':i', ARGV[3], ':w', 1)
+local token = string.format('%.0f', next_token(KEYS[2]))
+if present > 0 then
+  -- processes are registered as waiting: this hold's release must wake the next of them
+  redis.call('hset', KEYS[1], ARGV[1], count, ':t', token, ':i', ARGV[3], ':w', 1)
 else
-  redis.call('hset', KEYS[1], ARGV[1], count, ':t', string.format('%.0f', token), ':i', ARGV[3])
+  redis.call('hset', KEYS[1], ARGV[1], count, ':t', token, ':i', ARGV[3])
+end
+if mode == 'w' then
+  if ARGV[8] == '1' then
+    register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
+    redis.call('hset', KEYS[1], ':w', 1)
+  else
+    redis.call('zrem', KEYS[3], ARGV[6])
+  end
 end
 redis.call('pexpire', KEYS[1], lease)
-return token
+return tonumber(token)

@@ -1,7 +1,7 @@
 -- Release some or all of an exclusive owner-counted hold. The last release frees the lock and,
--- when anyone flagged it as waited on (':w'), publishes one wake-up hint.
+-- when the hold was flagged as waited on (':w'), wakes the longest-waiting process.
 -- KEYS[1]  lock hash
--- KEYS[2]  wake-up channel
+-- KEYS[2]  registry of waiting processes (see lock_acquire)
 -- ARGV[1]  owner id
 -- ARGV[2]  token of the hold the caller believes it has
 -- ARGV[3]  count to release; absent means 1; '0' releases all of it (_release_save())
@@ -14,19 +14,10 @@ if count == nil or fields[2] ~= ARGV[2] then
 end
 local n = tonumber(ARGV[3] or '1')
 if n > 0 and n < count then
-  -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
-  -- command may use memory: HINCRBY may; PEXPIRE, DEL and PUBLISH may not. Setting the TTL to
-  -- what it is makes the HINCRBY a later write, which Redis allows, so giving back a level
-  -- never fails for want of memory. (The `#!lua flags=allow-oom` shebang would say so
-  -- directly, but needs Redis 7 and breaks fakeredis.)
-  local pttl = redis.call('pttl', KEYS[1])
-  if pttl > 0 then
-    redis.call('pexpire', KEYS[1], pttl)
-  end
   return redis.call('hincrby', KEYS[1], ARGV[1], -n)
 end
 redis.call('del', KEYS[1])
 if fields[3] then
-  redis.call('publish', KEYS[2], '1')
+  wake_one(KEYS[2])
 end
 return 0
