@@ -284,9 +284,11 @@ class Session:
             chan.confirmed.wait(settings().wait_cap if bound is None else min(bound, settings().wait_cap))
         return waiter
 
-    def leave(self, waiter: Waiter, acquired: bool) -> None:
-        """Take ``waiter`` off its queue. A waiter that leaves without the lock hands its
-        place at the head (and with it the short polling bound) to the next one."""
+    def leave(self, waiter: Waiter, acquired: bool) -> bool:
+        """Take ``waiter`` off its queue; return True when it was the last one on its channel.
+
+        A waiter that leaves without the lock hands its place at the head (and with it the
+        short polling bound) to the next one."""
         chan = waiter.channel
         with self._mutex:
             was_head = bool(chan.waiters) and chan.waiters[0] is waiter
