@@ -223,9 +223,19 @@ class _LockBase:
             session.watch(held)
         return True
 
+    @property
+    def _hold_key(self) -> str:
+        """The key a hold of this primitive is registered under (and renewed through)."""
+        return self._keys.lock
+
+    def _renewer(self) -> Callable[[Any, Hold, int], Any]:
+        """What the watchdog calls to queue one renewal of a hold of this primitive."""
+        return self._renew
+
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
                ms: int, sent_at: float) -> None:
-        hold = Hold(session, self._keys.lock, owner, token, count, watchdog, ms, sent_at, self._renew)
+        hold = Hold(session, self._hold_key, owner, token, count, watchdog, ms, sent_at,
+                    self._renewer())
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -353,20 +363,20 @@ class DistLock(_LockBase):
         return lock_repr(self, "DistLock", self._name, held)
 
 
-class DistRLock(_LockBase):
-    """``threading.RLock`` shared by every process and host that names it on one Redis.
+class _ThreadOwned(_LockBase):
+    """``threading.RLock``'s ownership for any primitive held per thread.
 
-    The owner is this process' session and the calling thread: that thread may re-enter (through
-    this or any other DistRLock of the same name), and only it may release. The count lives in
-    Redis. Implements ``_is_owned``, ``_release_save``, ``_acquire_restore`` and
-    ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
+    The owner is this process' session and the calling thread; its holds live in the session's
+    registry, keyed by (``_hold_key``, owner), so every object of one name shares them. Provides
+    ``release`` and the protocol ``threading.Condition`` uses: ``_is_owned``,
+    ``_recursion_count``, ``_release_save`` and ``_acquire_restore``.
     """
 
     _reentrant = "1"
     _unowned_message = "cannot release un-acquired lock"
 
     def release(self) -> None:
-        """Release one level of the calling thread's hold; the last one frees the lock.
+        """Release one level of the calling thread's hold; the last one ends it.
 
         Raise LockNotOwnedError (a RuntimeError) when the calling thread does not hold it, and
         LockLostError when its lease was lost meanwhile.
@@ -395,7 +405,7 @@ class DistRLock(_LockBase):
         return count, threading.get_ident()
 
     def _acquire_restore(self, state: Tuple[int, int]) -> None:
-        """Take the lock back at the depth ``_release_save`` returned (a new grant, new token)."""
+        """Take the hold back at the depth ``_release_save`` returned (a new grant, new token)."""
         count, _owner = state
         self._acquire(True, None, _UNSET, count)
 
@@ -403,13 +413,23 @@ class DistRLock(_LockBase):
         return f"{session.id}:{threading.get_ident()}"
 
     def _current(self, session: Session) -> Optional[Hold]:
-        return session.holds.get((self._keys.lock, f"{session.id}:{threading.get_ident()}"))
+        return session.holds.get((self._hold_key, f"{session.id}:{threading.get_ident()}"))
 
     def _remember(self, hold: Hold) -> None:
-        pass  # the session's registry, keyed by (key, owner), is where DistRLock holds live
+        pass  # the session's registry is where thread-owned holds live
 
     def _forget(self, hold: Hold) -> None:
         pass
+
+
+class DistRLock(_ThreadOwned):
+    """``threading.RLock`` shared by every process and host that names it on one Redis.
+
+    The owner is this process' session and the calling thread: that thread may re-enter (through
+    this or any other DistRLock of the same name), and only it may release. The count lives in
+    Redis. Implements ``_is_owned``, ``_release_save``, ``_acquire_restore`` and
+    ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
+    """
 
     def __repr__(self) -> str:
         session = self._peek_session()

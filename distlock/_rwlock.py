@@ -20,15 +20,13 @@ is refused the write lock at once with RuntimeError (upgrade), instead of deadlo
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import Any, Optional, Tuple
 
 import redis
 
 from ._config import ClientArg, settings
-from ._errors import LockNotOwnedError
-from ._lock import _UNSET, _LockBase
+from ._lock import _UNSET, _ThreadOwned
 from ._logic import Deadline, check_lease, check_name, lease_ms, lock_repr
 from ._rwlogic import (
     UPGRADE_REFUSED,
@@ -47,80 +45,14 @@ __all__ = ["DistReadWriteLock", "DistReadLock", "DistWriteLock"]
 log = logging.getLogger("distlock")
 
 
-class _RWSide(_LockBase):
+class _RWSide(_ThreadOwned):
     """What both sides share: the thread-owned, reentrant surface of DistRLock, the wait loop."""
 
-    _reentrant = "1"
-    _unowned_message = "cannot release un-acquired lock"
     _kind = "RWSide"
 
     def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float]) -> None:
         super().__init__(name, client=client, lease=lease)
         self._rw = rw
-
-    # --- the threading.RLock surface ---------------------------------------------------------
-
-    def release(self) -> None:
-        """Release one level of the calling thread's hold; the last one ends it.
-
-        Raise LockNotOwnedError (a RuntimeError) when the calling thread does not hold this
-        side, and LockLostError when its lease was lost meanwhile.
-        """
-        session = self._session()
-        hold = self._current(session)
-        if hold is None:
-            raise LockNotOwnedError(self._unowned_message)
-        self._release(hold, session, 1)
-
-    def _is_owned(self) -> bool:
-        return self.owned()
-
-    def _recursion_count(self) -> int:
-        hold = self._current(self._session())
-        return hold.count if hold is not None else 0
-
-    def _release_save(self) -> Tuple[int, int]:
-        """Release the calling thread's hold whatever its depth; return what restores it."""
-        session = self._session()
-        hold = self._current(session)
-        if hold is None:
-            raise LockNotOwnedError(self._unowned_message)
-        count = hold.count
-        self._release(hold, session, 0)
-        return count, threading.get_ident()
-
-    def _acquire_restore(self, state: Tuple[int, int]) -> None:
-        """Take this side back at the depth ``_release_save`` returned (a new grant, new token)."""
-        count, _owner = state
-        self._acquire(True, None, _UNSET, count)
-
-    # --- owners and holds --------------------------------------------------------------------
-
-    @property
-    def _hold_key(self) -> str:
-        raise NotImplementedError
-
-    def _owner_for(self, session: Session) -> str:
-        return f"{session.id}:{threading.get_ident()}"
-
-    def _current(self, session: Session) -> Optional[Hold]:
-        return session.holds.get((self._hold_key, f"{session.id}:{threading.get_ident()}"))
-
-    def _remember(self, hold: Hold) -> None:
-        pass  # like DistRLock: the session's registry, keyed by (key, owner), holds the holds
-
-    def _forget(self, hold: Hold) -> None:
-        pass
-
-    def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
-               ms: int, sent_at: float) -> None:
-        hold = Hold(session, self._hold_key, owner, token, count, watchdog, ms, sent_at,
-                    self._renewer())
-        hold.listeners.add(self)
-        session.add_hold(hold)
-
-    def _renewer(self) -> Any:
-        return self._renew
 
     # --- the wait loop -----------------------------------------------------------------------
 
@@ -139,7 +71,7 @@ class _RWSide(_LockBase):
         waits = blocking and timeout != 0
         queue_ms = self._queue_ms() if waits else 0
         sent_at = time.monotonic()
-        reply = self._call_acquire(session, owner, ms, count, "", queue_ms, False)
+        reply = self._call_acquire(session, owner, ms, count, "", queue_ms=queue_ms)
         if reply > 0:
             self._grant(session, owner, reply, count, watchdog, ms, sent_at)
             return True
@@ -155,7 +87,8 @@ class _RWSide(_LockBase):
                 # The last try (time is up) also takes a writer off the queue, in one script.
                 last = deadline.expired()
                 sent_at = time.monotonic()
-                reply = self._call_acquire(session, owner, ms, count, "", 0 if last else queue_ms, True)
+                reply = self._call_acquire(session, owner, ms, count, "",
+                                           queue_ms=0 if last else queue_ms, queued=True)
                 if reply > 0:
                     self._grant(session, owner, reply, count, watchdog, ms, sent_at)
                     acquired = True
@@ -191,7 +124,8 @@ class _RWSide(_LockBase):
         pass
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
-                      reentry_token: str, queue_ms: int = 0, queued: bool = False) -> int:
+                      reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
+                      queued: bool = False) -> int:
         """One try. ``reentry_token``: '' for a new hold, else the token being re-entered.
         ``queue_ms``: a writer refused queues itself for that long (0: it does not, and leaves
         the queue if ``queued``, i.e. it may be in it from an earlier try)."""
@@ -242,7 +176,8 @@ class DistReadLock(_RWSide):
         return _renew_reader
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
-                      reentry_token: str, queue_ms: int = 0, queued: bool = False) -> int:
+                      reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
+                      queued: bool = False) -> int:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
         return int(session.run("rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
                                optional_tail((owner, ms), reentry_token, "")))
@@ -297,7 +232,8 @@ class DistWriteLock(_RWSide):
             log.debug("distlock: could not leave the writers' queue of %r: %r", self._name, exc)
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
-                      reentry_token: str, queue_ms: int = 0, queued: bool = False) -> int:
+                      reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
+                      queued: bool = False) -> int:
         rw = self._rw
         mode = write_acquire_mode(reentry_token, queue_ms, queued)
         keys: Tuple[str, ...] = (rw.writer, rw.readers, rw.queue, rw.fence)
