@@ -132,6 +132,11 @@ class Session:
         #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
         #: to one connection per thread. First tries (the uncontended path) do not pay for it.
         self.retry_slots = threading.Semaphore(WAITER_CONCURRENCY)
+        #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
+        #: condition only for the rare caller that finds it empty.
+        self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
+        self._gate_cond = threading.Condition(threading.Lock())
+        self._gate_waiting = 0
         # pub/sub
         #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
         #: threads' first subscribes would each open a connection, one of them orphaned with its
@@ -153,16 +158,47 @@ class Session:
         load it and run it again.
 
         The hot path calls the client's ``execute_command`` directly: redis-py's Script wrapper
-        costs a measurable share of an uncontended acquire.
+        costs a measurable share of an uncontended acquire. At most ``SCRIPT_CONCURRENCY`` runs
+        of one session are in flight at once, so a hundred threads arriving together do not
+        open a hundred connections.
         """
         script = self.scripts[name]
-        for _ in range(_NOSCRIPT_TRIES):
+        gate = self._gate
+        try:
+            gate.pop()  # atomic under the GIL: the uncontended path never blocks here
+        except IndexError:
+            self._gate_wait()
+        try:
+            for _ in range(_NOSCRIPT_TRIES):
+                try:
+                    return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    # Another SCRIPT FLUSH may land between the load and the run: try again.
+                    script.sha = self.client.script_load(script.script)
+            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        finally:
+            gate.append(None)
+            if self._gate_waiting:
+                with self._gate_cond:
+                    self._gate_cond.notify()
+
+    def _gate_wait(self) -> None:
+        """Block until a run slot is free (all ``SCRIPT_CONCURRENCY`` are in flight).
+
+        A returning run appends its slot before it reads ``_gate_waiting``, and a waiter counts
+        itself before it tries to take a slot, so no wake-up is lost between the two; the short
+        wait bound is only a second line of defence."""
+        with self._gate_cond:
+            self._gate_waiting += 1
             try:
-                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                # Another SCRIPT FLUSH may land between the load and the run: try a few times.
-                script.sha = self.client.script_load(script.script)
-        return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                while True:
+                    try:
+                        self._gate.pop()
+                        return
+                    except IndexError:
+                        self._gate_cond.wait(0.05)
+            finally:
+                self._gate_waiting -= 1
 
     # --- holds ------------------------------------------------------------------------------
 
