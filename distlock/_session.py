@@ -102,11 +102,20 @@ class _Channel:
         self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
 
 
+#: A renewal's reply meaning "this hold ended, and nothing was lost": the watchdog forgets it
+#: quietly (1 means renewed; anything else, lost). A semaphore permit that another process
+#: released on its owner's behalf ends so.
+RENEW_ENDED = 2
+
 #: How many times ``Session.run`` loads a script again after NOSCRIPT before it gives up.
 _NOSCRIPT_TRIES = 3
 
 #: How many tries of queued waiters one session has in flight at once.
 WAITER_CONCURRENCY = 4
+
+#: How many scripts one session has in flight at once (its connections stay at most this many,
+#: plus the pub/sub and watchdog ones).
+SCRIPT_CONCURRENCY = 4
 
 #: How long a channel stays subscribed after its last waiter left: a lock contended again soon
 #: does not pay SUBSCRIBE/UNSUBSCRIBE each time.
@@ -282,6 +291,8 @@ class Session:
             elif reply == 1:
                 hold.lease_ms = lease_ms
                 hold.expires_at = sent_at + lease_ms / 1000.0
+            elif reply == RENEW_ENDED:
+                self.drop_hold(hold)  # ended without a loss (a permit released on our behalf)
             elif not hold.releasing and self._registered(hold):
                 self.mark_lost(hold)
         return min(1.0, settings().renew_interval) if failed else None
@@ -337,6 +348,7 @@ class Session:
             chan.refs -= 1
             if chan.refs == 0:
                 chan.idle_since = time.monotonic()
+            return not chan.waiters
 
     def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> None:
         """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
