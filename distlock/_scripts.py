@@ -15,7 +15,7 @@ from typing import Dict
 __all__ = ["script_names", "script_source"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read(filename: str) -> str:
     return resources.files("distlock").joinpath("lua", filename).read_text(encoding="utf-8")
 
@@ -30,10 +30,15 @@ def script_names() -> list[str]:
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def script_source(name: str) -> str:
-    """Full text of script ``name``: the prelude, then the operation."""
-    return _read("_prelude.lua") + "\n" + _read(name + ".lua")
+    """Full text of script ``name``: the prelude, then the helpers of its family if it has any
+    (``lua/_sem.lua`` for ``sem_*`` scripts, say), then the operation."""
+    family = "_" + name.split("_", 1)[0] + ".lua"
+    helpers = ""
+    if resources.files("distlock").joinpath("lua", family).is_file():
+        helpers = _read(family) + "\n"
+    return _read("_prelude.lua") + "\n" + helpers + _read(name + ".lua")
 
 
 def all_sources() -> Dict[str, str]:

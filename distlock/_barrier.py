@@ -1,0 +1,276 @@
+"""DistBarrier: ``threading.Barrier`` across processes and hosts.
+
+The barrier's state is one Redis hash and two sorted sets (see
+:class:`~distlock._synclogic.BarrierKeys`): the current generation, the parties of that
+generation waiting (each with a lease, renewed by the session watchdog), and a record of the
+generations that ended broken. Each arrival is one script: it either joins the waiters (its
+index is how many arrived before it) or, for the last party, trips the generation, naming every
+waiter in one pub/sub hint, so they return without another round trip. With an ``action``, the
+last party runs it first, under a lease of its own, and reports back. A break (timeout,
+``abort()``, ``reset()``, an action that raised, a party whose lease ran out because its process
+died) is published to every waiter, which then raises ``threading.BrokenBarrierError``.
+
+Generations replace ``threading``'s "draining" state: a party that arrives right after a trip
+joins the next generation at once, while the released ones leave.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Optional, Tuple
+
+import redis
+
+from ._config import ClientArg, check_client, resolve_client, settings
+from ._logic import Deadline, check_name, lease_ms
+from ._session import Hold, Session, session_for
+from ._synclogic import (
+    BAR_BROKEN,
+    BAR_BUSY,
+    BAR_MISMATCH,
+    BAR_PENDING,
+    BAR_RUN,
+    BAR_TRIPPED,
+    BarrierKeys,
+    barrier_repr,
+    broken_keep_ms,
+    check_action,
+    check_barrier_timeout,
+    check_parties,
+    parties_mismatch,
+)
+
+__all__ = ["DistBarrier"]
+
+BrokenBarrierError = threading.BrokenBarrierError
+
+
+class DistBarrier:
+    """``threading.Barrier`` shared by every process and host that names it on one Redis.
+
+    ``DistBarrier(name, parties, action=None, timeout=None, *, client=None)``. ``wait()``
+    blocks until ``parties`` callers, anywhere, are waiting, then releases them all; each gets
+    a distinct index from 0 to ``parties - 1``. The barrier is reusable: the next ``parties``
+    calls form the next generation.
+
+    - ``action``, when given, is called once per generation by the last party to arrive
+      (in that party's process, so every process should pass the same action) before the
+      others are released. If it raises, the barrier breaks and the exception propagates in
+      that party; the others raise ``threading.BrokenBarrierError``.
+    - ``timeout`` is the default for ``wait()``. A wait that times out breaks the barrier, as in
+      ``threading``.
+    - Breaking raises ``threading.BrokenBarrierError`` itself, in every waiter on every host.
+      A broken barrier stays broken (in Redis, for good) until ``reset()``.
+    - A party that dies while it waits breaks the barrier when its lease runs out (the session
+      watchdog renews it while the process lives; ``configure(lease=...)``), so the others are
+      never left hanging, with or without a timeout. A party interrupted while it waits
+      (KeyboardInterrupt, say) breaks it at once.
+    - ``parties``, ``n_waiting`` and ``broken`` as in ``threading``; the last two ask Redis.
+
+    Every process must give a barrier the same ``parties``: the first arrival records it, and a
+    barrier in use with another number raises ValueError naming the recorded one (checked by
+    the scripts, at the first ``wait()``; the constructor does no I/O). A barrier at rest (no
+    one waiting, not broken) leaves nothing in Redis.
+
+    ``client``: a ``redis.Redis`` or a URL; by default, see ``configure``.
+    """
+
+    def __init__(self, name: str, parties: int, action: Optional[Callable[[], Any]] = None,
+                 timeout: Optional[float] = None, *, client: ClientArg = None) -> None:
+        self._name = check_name(name)
+        self._parties = check_parties(parties)
+        check_action(action)
+        self._action = action
+        self._timeout = check_barrier_timeout(timeout)
+        if client is not None:
+            check_client(client)
+        self._client_arg = client
+        self._client: Any = None
+        self._keys = BarrierKeys.of(settings().prefix, self._name)
+        #: (broken, waiting) as of this object's last round trip (for repr, which does no I/O)
+        self._seen: Tuple[bool, int] = (False, 0)
+
+    # --- threading's surface ------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The shared name: every barrier of this name on every host is the same."""
+        return self._name
+
+    @property
+    def parties(self) -> int:
+        """The number of parties required to trip the barrier."""
+        return self._parties
+
+    @property
+    def n_waiting(self) -> int:
+        """The number of parties waiting in the current generation now, anywhere (0 while
+        broken). One round trip."""
+        return self._info()[1]
+
+    @property
+    def broken(self) -> bool:
+        """True if the barrier is broken. One round trip."""
+        return self._info()[0]
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Wait until ``parties`` callers, anywhere, wait on the barrier; return this caller's
+        index, distinct within the generation, from 0 to ``parties - 1``.
+
+        ``timeout`` (seconds) defaults to the barrier's own. When it runs out before the
+        generation trips, the barrier breaks and ``threading.BrokenBarrierError`` is raised
+        (zero or less: at once, unless this caller is the last party). The last party runs
+        the action, if any, before anyone is released; if the action raises, the barrier
+        breaks and the exception propagates here. ``threading.BrokenBarrierError`` when the
+        barrier is broken on entry or breaks while waiting. ValueError when the barrier is in
+        use with another number of parties. ``threading``'s errors for a bad timeout
+        (TypeError, OverflowError; ValueError for NaN). Redis errors propagate as
+        ``redis.exceptions``.
+        """
+        seconds = self._timeout if timeout is None else check_barrier_timeout(timeout)
+        session = self._session()
+        wid = f"{session.id}:{os.urandom(8).hex()}"
+        cfg = settings()
+        ms = lease_ms(cfg.lease)
+        keep = broken_keep_ms(cfg.lease, cfg.wait_cap, cfg.queue_cap_factor)
+        deadline = Deadline(seconds)
+        # Subscribe first: the trip that releases us finds us listening.
+        waiter = session.join(self._keys.channel, deadline.remaining(), ident=wid)
+        hold: Optional[Hold] = None
+        try:
+            while True:  # arrive; retried only while the previous generation's action runs
+                sent_at = time.monotonic()
+                code, index, gen = self._arrive(session, wid, ms, keep)
+                if code != BAR_BUSY:
+                    break
+                session.sleep(waiter, min(cfg.wait_cap, index / 1000.0))
+            if code == BAR_MISMATCH:
+                raise ValueError(parties_mismatch(self._name, index, self._parties))
+            if code == BAR_BROKEN:
+                self._seen = (True, 0)
+                raise BrokenBarrierError
+            if code == BAR_TRIPPED:
+                self._seen = (False, 0)
+                return index
+            hold = Hold(session, self._keys.state if code == BAR_RUN else self._keys.waiters,
+                        wid, 0, 1, True, ms, sent_at,
+                        self._renewer("a" if code == BAR_RUN else "w"))
+            session.add_hold(hold)
+            if code == BAR_RUN:
+                return self._run_action(session, wid, gen, index, keep)
+            self._seen = (False, index + 1)
+            return self._wait_released(session, waiter, wid, gen, index, deadline, keep)
+        finally:
+            if hold is not None:
+                session.drop_hold(hold)
+            session.leave(waiter, True)
+
+    def reset(self) -> None:
+        """Reset the barrier to its initial state: the parties waiting now, anywhere, raise
+        ``threading.BrokenBarrierError``, and the barrier is usable again (no longer broken).
+        One round trip."""
+        self._session().run("bar_reset", self._keys.all, ("r", self._parties, self._keep()))
+        self._seen = (False, 0)
+
+    def abort(self) -> None:
+        """Put the barrier into the broken state: every party waiting now and every later
+        ``wait()``, anywhere, raises ``threading.BrokenBarrierError`` until ``reset()``. One
+        round trip."""
+        self._session().run("bar_reset", self._keys.all, ("a", self._parties, self._keep()))
+        self._seen = (True, 0)
+
+    def __repr__(self) -> str:
+        broken, waiting = self._seen
+        return barrier_repr(self, self._name, broken, waiting, self._parties)
+
+    # --- the machinery ------------------------------------------------------------------------
+
+    def _session(self) -> Session:
+        client = self._client
+        if client is None:
+            client = self._client = resolve_client(self._client_arg)
+        return session_for(client)
+
+    @staticmethod
+    def _keep() -> int:
+        cfg = settings()
+        return broken_keep_ms(cfg.lease, cfg.wait_cap, cfg.queue_cap_factor)
+
+    def _arrive(self, session: Session, wid: str, ms: int, keep: int) -> Tuple[int, int, int]:
+        reply = session.run("bar_wait", self._keys.all,
+                            (wid, ms, self._parties, "1" if self._action else "0", keep))
+        return int(reply[0]), int(reply[1]), int(reply[2])
+
+    def _poll(self, session: Session, wid: str, gen: int, mode: str, keep: int) -> int:
+        return int(session.run("bar_poll", self._keys.all, (wid, gen, mode, keep)))
+
+    def _info(self) -> Tuple[bool, int]:
+        reply = self._session().run("bar_info", self._keys.all, (self._keep(),))
+        self._seen = (bool(int(reply[0])), int(reply[1]))
+        return self._seen
+
+    def _renewer(self, kind: str) -> Callable[[Any, Hold, int], Any]:
+        keys = self._keys.all
+
+        def renew(pipe: Any, hold: Hold, ms: int) -> None:
+            hold.session.scripts["bar_renew"](keys=keys, args=(hold.owner, ms, kind), client=pipe)
+
+        return renew
+
+    def _run_action(self, session: Session, wid: str, gen: int, index: int, keep: int) -> int:
+        """The last party: run the action, then trip the generation (or break the barrier)."""
+        action = self._action
+        assert action is not None
+        try:
+            action()
+        except BaseException:
+            self._seen = (True, 0)
+            session.run("bar_done", self._keys.all, (wid, gen, "0", keep))
+            raise
+        if int(session.run("bar_done", self._keys.all, (wid, gen, "1", keep))) == BAR_BROKEN:
+            self._seen = (True, 0)
+            raise BrokenBarrierError
+        self._seen = (False, 0)
+        return index
+
+    def _wait_released(self, session: Session, waiter: Any, wid: str, gen: int, index: int,
+                       deadline: Deadline, keep: int) -> int:
+        """Sleep until the generation trips (return ``index``) or breaks (raise)."""
+        cap = settings().wait_cap
+        try:
+            while True:
+                expired = deadline.expired()
+                if not expired:
+                    session.sleep(waiter, cap, deadline.remaining())
+                    if waiter.named:  # our id in a trip's hint: released, nothing to ask
+                        self._seen = (False, 0)
+                        return index
+                    expired = deadline.expired()
+                state = self._poll(session, wid, gen, "b" if expired else "p", keep)
+                if state == BAR_TRIPPED:
+                    self._seen = (False, 0)
+                    return index
+                if state == BAR_BROKEN:
+                    self._seen = (True, 0)
+                    raise BrokenBarrierError
+                if state == BAR_PENDING and expired:
+                    # The action runs; as in threading, a timeout does not break the barrier
+                    # then. Its runner's lease bounds this wait.
+                    session.sleep(waiter, cap)
+                    if waiter.named:
+                        self._seen = (False, 0)
+                        return index
+        except BrokenBarrierError:
+            raise
+        except BaseException as exc:
+            # Interrupted while waiting (KeyboardInterrupt, a Redis error...): the generation
+            # cannot complete as it stands, so break it now if the server can be reached
+            # (otherwise the lease, no longer renewed, breaks it).
+            if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+                try:
+                    self._poll(session, wid, gen, "b", keep)
+                except redis.RedisError:
+                    pass
+            raise

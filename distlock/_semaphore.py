@@ -1,0 +1,323 @@
+"""DistSemaphore and DistBoundedSemaphore: ``threading``'s semaphores across processes and hosts.
+
+The count lives in one Redis sorted set (see :class:`~distlock._synclogic.SemKeys`): one member
+per held permit, scored by its lease deadline on the server's clock, plus two counters kept as
+members with negative scores (the value the semaphore was created with, and the releases beyond
+the permits held). Free permits are ``value + extra - live permits``. Every state change is one
+Lua script:
+
+- ``sem_acquire``: drop the expired permits (a holder that died), then take one if one is free;
+  a waiter that is refused queues itself, so that releases know to publish a hint;
+- ``sem_release``: give back permits, raise the count, check a bounded semaphore's limit, wake
+  waiters;
+- ``sem_renew``: the session watchdog renews every permit this process holds, in its batch.
+
+So a permit never leaks: a holder killed with SIGKILL gives its permits back when their leases
+run out, and the waiters, whose sleep is bounded by the first lease to run out, take them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+from ._config import ClientArg, check_client, resolve_client, settings
+from ._errors import LockLostError
+from ._logic import Deadline, check_lease, check_name, lease_ms
+from ._session import Hold, Session, session_for
+from ._synclogic import (
+    REL_MISMATCH,
+    REL_TOO_MANY,
+    SEM_MISMATCH,
+    TOO_MANY_RELEASES,
+    SemKeys,
+    check_release_n,
+    check_sem_acquire_args,
+    check_sem_value,
+    entry_ms,
+    permit_id,
+    release_lost,
+    sem_repr,
+    value_mismatch,
+)
+
+__all__ = ["DistSemaphore", "DistBoundedSemaphore"]
+
+log = logging.getLogger("distlock")
+
+#: Serializes the choice of which local permits a release gives back, across every semaphore
+#: object of the process: two threads releasing at once never pick the same permit.
+_claims = threading.Lock()
+
+#: How many times a call retries when the state it was checked against vanished meanwhile.
+_MISMATCH_TRIES = 3
+
+
+class DistSemaphore:
+    """``threading.Semaphore`` shared by every process and host that names it on one Redis.
+
+    ``DistSemaphore(name, value=1, *, client=None, lease=None)``. The count starts at ``value``;
+    ``acquire()`` takes one permit, waiting while none is free anywhere, and ``release(n)``
+    gives ``n`` back. A release without an acquire raises the count, as in ``threading``.
+
+    **Permits never leak.** Each acquired permit is recorded in Redis with a lease, renewed by
+    the session's watchdog while the process lives (or, with ``lease=`` seconds, left to expire
+    after that long). A holder killed with SIGKILL gives its permits back when their leases run
+    out, and waiters take them.
+
+    **Which permit a release gives back.** Permits are not owned by threads, as in
+    ``threading``: any thread anywhere may release. ``release(n)`` gives back, in this order, a
+    permit the calling thread acquired, one another thread of this process acquired, one
+    another process holds (the one whose lease runs out first; its owner forgets it quietly),
+    and when no permit is held anywhere it raises the count. The count therefore always equals
+    ``threading``'s. A permit a process takes and never gives back comes back when that process
+    ends: a DistSemaphore counts what is in use, it does not hand tokens between processes.
+
+    **The value.** The first use of a name records its value in Redis; using it with another
+    value while it is recorded raises ValueError naming the recorded one. The check is made
+    by the scripts, at the first ``acquire()`` or ``release()``, not by the constructor (which
+    does no I/O). A semaphore at rest (nothing held, count not raised) leaves nothing in
+    Redis, so the next first use may record another value. A count raised above the value
+    stays in Redis, for good, as state.
+
+    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
+    and ``lease`` (None: the watchdog keeps permits alive while the process lives; seconds:
+    each permit expires by itself after that long).
+    """
+
+    _bounded = False
+
+    def __init__(self, name: str, value: int = 1, *, client: ClientArg = None,
+                 lease: Optional[float] = None) -> None:
+        self._name = check_name(name)
+        self._initial = check_sem_value(value)
+        if client is not None:
+            check_client(client)
+        self._client_arg = client
+        self._client: Any = None
+        self._lease = check_lease(lease)
+        self._keys = SemKeys.of(settings().prefix, self._name)
+        #: free permits as of this object's last round trip (for repr, which does no I/O)
+        self._seen = self._initial
+        self._lost_callbacks: List[Callable[[Any], Any]] = []
+
+    # --- threading's surface ------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The shared name: every semaphore of this name on every host is the same."""
+        return self._name
+
+    def acquire(self, blocking: bool = True, timeout: Optional[float] = None) -> bool:
+        """Acquire a permit, decrementing the count by one.
+
+        With ``blocking`` true (the default) and no ``timeout``, wait until a permit is free
+        anywhere, take it and return True. With a ``timeout``, wait at most that many seconds
+        and return False if none could be taken by then (zero or less: one try). With
+        ``blocking`` false, try once. ``threading``'s checks and errors: a timeout with
+        ``blocking`` false raises ValueError; a timeout that is not a number raises TypeError
+        (at once, even when a permit is free). Redis errors propagate as ``redis.exceptions``.
+
+        A release publishes a hint that wakes up to that many waiters per process; a waiter
+        that hears nothing tries again after at most min(its time left, the first held
+        permit's lease, ``wait_cap``).
+        """
+        blocking_, seconds = check_sem_acquire_args(blocking, timeout)
+        session = self._session()
+        watchdog = self._lease is None
+        ms = lease_ms(settings().lease if self._lease is None else self._lease)
+        pid = permit_id(session.id, threading.get_ident())
+        sent_at = time.monotonic()
+        reply = self._try(session, pid, ms, None)
+        if reply > 0:
+            self._grant(session, pid, watchdog, ms, sent_at, reply)
+            return True
+        if not blocking_ or seconds == 0:
+            return False
+
+        cfg = settings()
+        queue_ms = entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
+        deadline = Deadline(seconds)
+        waiter = session.join(self._keys.channel, deadline.remaining())
+        acquired = False
+        try:
+            while True:
+                last = deadline.expired()  # the last try also leaves the queue
+                with session.retry_slots:
+                    sent_at = time.monotonic()
+                    reply = self._try(session, pid, ms, 0 if last else queue_ms)
+                if reply > 0:
+                    self._grant(session, pid, watchdog, ms, sent_at, reply)
+                    acquired = True
+                    return True
+                if last:
+                    return False
+                session.sleep(waiter, deadline.sleep_bound(-reply - 1, cfg.wait_cap),
+                              deadline.remaining())
+        finally:
+            session.leave(waiter, acquired)
+
+    __enter__ = acquire
+
+    def release(self, n: int = 1) -> None:
+        """Release ``n`` permits (default 1), incrementing the count by ``n``.
+
+        Any thread, in any process, may release; see the class for which permits are given
+        back. Waiters are woken, up to ``n`` per process. ``n`` below 1 raises ValueError
+        ("n must be one or more"), as in ``threading``.
+
+        Raise ValueError when the semaphore is in use with another value, and LockLostError (a
+        RuntimeError) when permits this process held had been lost before the release (their
+        lease ran out, so they had come back already): the rest of the release is done first.
+        """
+        count = check_release_n(n)
+        session = self._session()
+        holds = self._claim(session, count)
+        ids = [hold.owner for hold in holds]
+        keys = self._keys
+        args: Tuple[Any, ...] = (self._initial, "1" if self._bounded else "0", count, *ids)
+        reply: Any = None
+        try:
+            for _ in range(_MISMATCH_TRIES):
+                reply = session.run("sem_release", keys.release, args)
+                if reply != REL_MISMATCH:
+                    break
+                stored = _recorded(session, keys)
+                if stored is not None:
+                    raise ValueError(value_mismatch(self._name, stored, self._initial))
+            if reply == REL_MISMATCH:  # pragma: no cover - the state vanished at every look
+                raise ValueError(value_mismatch(self._name, "another value", self._initial))
+        except BaseException:
+            for hold in holds:
+                hold.releasing = False
+            if reply is None:  # the server may or may not have run it: stop renewing those
+                for hold in holds:
+                    session.drop_hold(hold)
+            raise
+        if reply == REL_TOO_MANY:
+            for hold in holds:
+                hold.releasing = False
+            raise ValueError(TOO_MANY_RELEASES)
+        for hold in holds:
+            session.drop_hold(hold)
+        if isinstance(reply, list):  # some of ours were lost: {free, lost id, ...}
+            self._seen = int(reply[0])
+            lost = {_text(raw) for raw in reply[1:]}
+            for hold in holds:
+                if hold.owner in lost:
+                    session.mark_lost(hold)
+            raise LockLostError(release_lost(len(lost), self._name))
+        self._seen = int(reply)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    # --- what a distributed semaphore adds ----------------------------------------------------
+
+    def on_lost(self, callback: Callable[[Any], Any]) -> None:
+        """Call ``callback(semaphore)`` when a permit taken through this object is found lost
+        (the watchdog could not renew it before its lease ran out). It runs in the watchdog
+        thread, or in the thread whose ``release()`` finds it; exceptions it raises are
+        logged."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+        self._lost_callbacks.append(callback)
+
+    def __repr__(self) -> str:
+        initial = self._initial if self._bounded else None
+        return sem_repr(self, type(self).__name__, self._name, self._seen, initial)
+
+    # --- the machinery ------------------------------------------------------------------------
+
+    def _session(self) -> Session:
+        client = self._client
+        if client is None:
+            client = self._client = resolve_client(self._client_arg)
+        return session_for(client)
+
+    def _try(self, session: Session, pid: str, ms: int, queue_ms: Optional[int]) -> int:
+        """One try of ``sem_acquire``; raise ValueError when the value differs."""
+        keys = self._keys
+        args: Tuple[Any, ...] = (pid, ms, self._initial)
+        if queue_ms is not None:
+            args += (queue_ms,)
+        for _ in range(_MISMATCH_TRIES):
+            reply = int(session.run("sem_acquire", keys.acquire, args))
+            if reply != SEM_MISMATCH:
+                if reply < 0:
+                    self._seen = 0
+                return reply
+            stored = _recorded(session, keys)
+            if stored is not None:
+                raise ValueError(value_mismatch(self._name, stored, self._initial))
+        # pragma: no cover - the state vanished between every try and its look
+        raise ValueError(value_mismatch(self._name, "another value", self._initial))
+
+    def _grant(self, session: Session, pid: str, watchdog: bool, ms: int, sent_at: float,
+               reply: int) -> None:
+        self._seen = reply - 1
+        hold = Hold(session, self._keys.sem, pid, 0, 1, watchdog, ms, sent_at, self._renewer())
+        hold.listeners.add(self)
+        session.add_hold(hold)
+
+    def _renewer(self) -> Callable[[Any, Hold, int], Any]:
+        keys = self._keys.renew
+
+        def renew(pipe: Any, hold: Hold, ms: int) -> None:
+            hold.session.scripts["sem_renew"](keys=keys, args=(hold.owner, ms), client=pipe)
+
+        return renew
+
+    def _claim(self, session: Session, count: int) -> List[Hold]:
+        """Pick (and mark as being released) up to ``count`` permits this process holds on
+        this semaphore: the calling thread's first, then the others', oldest first."""
+        own = f"{session.id}:{threading.get_ident()}:"
+        key = self._keys.sem
+        with _claims:
+            mine: List[Hold] = []
+            others: List[Hold] = []
+            for (hold_key, owner), hold in list(session.holds.items()):
+                if hold_key != key or hold.releasing:
+                    continue
+                (mine if owner.startswith(own) else others).append(hold)
+            chosen = (mine + others)[:count]
+            for hold in chosen:
+                hold.releasing = True  # a renewal racing this release does not call it lost
+        return chosen
+
+    def _fire_lost(self) -> None:
+        for callback in list(self._lost_callbacks):
+            try:
+                callback(self)
+            except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
+                log.exception("distlock: on_lost callback %r failed", callback)
+
+
+class DistBoundedSemaphore(DistSemaphore):
+    """``threading.BoundedSemaphore`` shared by every process and host that names it.
+
+    A DistSemaphore whose ``release()`` raises ValueError ("Semaphore released too many
+    times"), changing nothing, when it would raise the count above the initial value, wherever
+    the permits were taken. A DistSemaphore and a DistBoundedSemaphore of the same name share
+    one count; only the check on release differs.
+    """
+
+    _bounded = True
+
+    def release(self, n: int = 1) -> None:
+        """Release ``n`` permits, as ``DistSemaphore.release``; raise ValueError ("Semaphore
+        released too many times"), changing nothing, if that would take the count above the
+        initial value."""
+        super().release(n)
+
+
+def _recorded(session: Session, keys: SemKeys) -> Optional[int]:
+    """The value recorded for a semaphore (for an error message), None when at rest."""
+    score = session.client.zscore(keys.sem, "~v")
+    return None if score is None else -int(score) - 1
+
+
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,92 @@
+-- Helpers of the bar_* scripts (DistBarrier), prepended after _prelude.lua. Every bar_* script
+-- takes the same keys:
+-- KEYS[1]  state: hash, 'p' -> parties, 'g' -> current generation, 'b' -> '1' while broken;
+--          while the last party of generation 'a' runs the action: 'a', 'ad' -> the runner's
+--          lease deadline (server ms), 'ar' -> the runner's id
+-- KEYS[2]  waiters: sorted set, waiter id -> lease deadline (server ms): the parties of
+--          generation 'g' that arrived and wait
+-- KEYS[3]  broken generations: sorted set, generation -> when the record goes (server ms)
+-- KEYS[4]  wake-up channel: '=id1,...' names the parties a trip released; '*' on a break
+
+local bar_t = redis.call('time')
+local NOW_US = tonumber(bar_t[1]) * 1000000 + tonumber(bar_t[2])
+local NOW = math.floor(NOW_US / 1000)
+
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+-- The generation after `g`: strictly greater than every generation this name ever had, also
+-- after the state was deleted at rest (floored by the server clock, in µs).
+local function bar_next(g)
+  if g and tonumber(g) >= NOW_US then
+    return fmt(tonumber(g) + 1)
+  end
+  return fmt(NOW_US)
+end
+
+-- Break generation `g`: every party waiting in it raises BrokenBarrierError, and the barrier
+-- stays broken, for good, until reset(). `keep` is how long the record of `g` stays, ms.
+local function bar_break(g, keep)
+  redis.call('hset', KEYS[1], 'b', '1')
+  redis.call('hdel', KEYS[1], 'a', 'ad', 'ar')
+  redis.call('persist', KEYS[1])
+  if g then
+    local until_ = fmt(NOW + tonumber(keep))
+    redis.call('zadd', KEYS[3], until_, g)
+    redis.call('pexpireat', KEYS[3], until_)
+  end
+  redis.call('del', KEYS[2])
+  redis.call('publish', KEYS[4], '*')
+end
+
+-- Trip generation `g`: release its waiting parties (named in one hint) and open the next one.
+local function bar_trip(g)
+  local names = redis.call('zrange', KEYS[2], 0, -1)
+  redis.call('del', KEYS[2])
+  redis.call('hdel', KEYS[1], 'a', 'ad', 'ar')
+  redis.call('hset', KEYS[1], 'g', bar_next(g))
+  if #names > 0 then
+    if #names <= 200 then
+      redis.call('publish', KEYS[4], '=' .. table.concat(names, ','))
+    else
+      redis.call('publish', KEYS[4], '*')  -- too many to name: each looks, and finds it tripped
+    end
+  end
+end
+
+-- A party whose lease ran out (its process died while waiting), or a runner that died in its
+-- action, breaks the barrier. Return true when it did.
+local function bar_reap(g, keep)
+  local ad = redis.call('hget', KEYS[1], 'ad')
+  if (ad and tonumber(ad) <= NOW)
+      or #redis.call('zrangebyscore', KEYS[2], '-inf', NOW, 'limit', 0, 1) > 0 then
+    bar_break(g, keep)
+    return true
+  end
+  return false
+end
+
+-- The state lives as long as what it records: for good while broken; while parties wait or an
+-- action runs, as long as their leases; not at all at rest (nothing waits, not broken).
+local function bar_settle()
+  local st = redis.call('hmget', KEYS[1], 'b', 'ad')
+  if st[1] == '1' then
+    redis.call('persist', KEYS[1])
+    return
+  end
+  local last = 0
+  local top = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
+  if top[2] then
+    last = tonumber(top[2])
+    redis.call('pexpireat', KEYS[2], top[2])
+  end
+  if st[2] and tonumber(st[2]) > last then
+    last = tonumber(st[2])
+  end
+  if last > 0 then
+    redis.call('pexpireat', KEYS[1], fmt(last))
+  else
+    redis.call('del', KEYS[1])
+  end
+end

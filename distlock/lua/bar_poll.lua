@@ -1,0 +1,33 @@
+-- A waiting party looks how its generation ended, or leaves by breaking the barrier.
+-- KEYS[1..4]  state, waiters, broken generations, channel (see _bar.lua)
+-- ARGV[1]  the party's id
+-- ARGV[2]  its generation
+-- ARGV[3]  'p' look; 'b' break the barrier if the generation is still waiting (the party's
+--          timeout ran out, or it was interrupted), as threading's timeout does
+-- ARGV[4]  how long a broken generation is remembered, ms
+-- return   0 still waiting; 3 still waiting while the last party runs the action (a timeout
+--          does not break it then, as in threading, where the action holds the lock);
+--          1 its generation tripped; -1 its generation broke (timeout, abort, reset, a dead
+--          party, an action that raised).
+local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a')
+if st[1] == ARGV[2] then
+  if st[2] ~= '1' and bar_reap(st[1], ARGV[4]) then
+    return -1
+  end
+  if redis.call('zscore', KEYS[2], ARGV[1]) then
+    if st[3] == ARGV[2] then
+      return 3
+    end
+    if ARGV[3] == 'b' then
+      bar_break(st[1], ARGV[4])
+      return -1
+    end
+    return 0
+  end
+  -- no longer among the waiters while its generation is still the current one: it broke
+  return -1
+end
+if redis.call('zscore', KEYS[3], ARGV[2]) then
+  return -1
+end
+return 1

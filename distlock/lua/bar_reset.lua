@@ -1,0 +1,28 @@
+-- reset() or abort() a barrier.
+-- KEYS[1..4]  state, waiters, broken generations, channel (see _bar.lua)
+-- ARGV[1]  'r' reset: the parties waiting now raise BrokenBarrierError, and the barrier is
+--          usable again (no longer broken); 'a' abort: break it, for good until reset()
+-- ARGV[2]  parties, as the caller's barrier was constructed (recorded if abort finds no state)
+-- ARGV[3]  how long a broken generation is remembered, ms
+-- return   1
+local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a')
+if ARGV[1] == 'a' then
+  local g = st[1]
+  if not g then
+    g = bar_next(nil)
+    redis.call('hset', KEYS[1], 'p', ARGV[2], 'g', g)
+  end
+  bar_break(g, ARGV[3])
+  return 1
+end
+if not st[1] then
+  return 1
+end
+if st[2] ~= '1' and (st[3] or redis.call('exists', KEYS[2]) == 1) then
+  bar_break(st[1], ARGV[3])
+end
+redis.call('hdel', KEYS[1], 'b', 'a', 'ad', 'ar')
+redis.call('del', KEYS[2])
+redis.call('hset', KEYS[1], 'g', bar_next(st[1]))
+bar_settle()
+return 1

@@ -1,0 +1,65 @@
+-- Take one permit of a semaphore when one is free; a waiter queues itself while none is.
+-- KEYS[1]  the semaphore (sorted set, see _sem.lua)
+-- KEYS[2]  queue: sorted set, waiter id -> entry deadline (server ms); releases publish a hint
+--          while it exists
+-- KEYS[3]  wake-up channel: '<n>' wakes up to n waiters per process
+-- ARGV[1]  permit id (also the waiter's id in the queue)
+-- ARGV[2]  lease of the permit, ms
+-- ARGV[3]  the value the caller's semaphore was constructed with
+-- ARGV[4]  absent for a try that does not queue (a first try); '0' for a waiter's last try
+--          (it leaves the queue whatever happens); else the waiter's entry lease, ms (it joins,
+--          or stays in, the queue when refused)
+-- return   n + 1 (>= 1) when granted, n the permits still free;
+--          0 when the semaphore is in use with another value (nothing changed);
+--          -(bound + 1) (<= -1) when none is free, bound the ms until the first held permit's
+--          lease runs out (0 when none is held).
+-- Expired permits (a holder that died) are removed first; when that frees more than this try
+-- takes, the waiters are told.
+local value = tonumber(ARGV[3])
+local recorded, extra, counters = sem_counters()
+if recorded and recorded ~= value then
+  return 0
+end
+local pruned, free = 0, value
+if recorded then  -- (at rest the key does not exist: nothing to prune or count)
+  pruned = sem_prune()
+  free = value + extra - (redis.call('zcard', KEYS[1]) - counters)
+end
+local queue = ARGV[4]
+if free > 0 then
+  local lease = tonumber(ARGV[2])
+  if not recorded then
+    redis.call('zadd', KEYS[1], fmt(NOW + lease), ARGV[1], fmt(-(value + 1)), '~v')
+    redis.call('pexpireat', KEYS[1], fmt(NOW + lease))
+  else
+    redis.call('zadd', KEYS[1], fmt(NOW + lease), ARGV[1])
+    -- extra 0: the key lives at least as long as this lease; otherwise it has no TTL at all
+    if extra == 0 and redis.call('pttl', KEYS[1]) < lease then
+      redis.call('pexpireat', KEYS[1], fmt(NOW + lease))
+    end
+  end
+  if queue then
+    redis.call('zrem', KEYS[2], ARGV[1])
+  end
+  if pruned > 0 then
+    sem_wake(KEYS[2], KEYS[3], free - 1)
+  end
+  return free
+end
+if queue == '0' then
+  redis.call('zrem', KEYS[2], ARGV[1])
+elseif queue then
+  local until_ = NOW + tonumber(queue)
+  redis.call('zadd', KEYS[2], fmt(until_), ARGV[1])
+  if redis.call('pttl', KEYS[2]) < until_ - NOW then
+    redis.call('pexpireat', KEYS[2], fmt(until_))
+  end
+end
+local first = redis.call('zrangebyscore', KEYS[1], 0, '+inf', 'withscores', 'limit', 0, 1)
+if first[2] then
+  return -(math.max(1, tonumber(first[2]) - NOW) + 1)
+end
+if extra == 0 and recorded then
+  redis.call('del', KEYS[1])  -- only expired permits were left: now at rest
+end
+return -1

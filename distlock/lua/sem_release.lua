@@ -1,0 +1,92 @@
+-- Give back n permits: the caller's own first (ARGV[4...]); for the rest, permits held
+-- elsewhere, the one whose lease runs out first first (recorded as handed, so their owners
+-- forget them quietly); when no permit is held anywhere, raise the count (extra). That is
+-- threading's count, with every held permit still accounted for by a lease.
+-- KEYS[1]  the semaphore (sorted set, see _sem.lua)
+-- KEYS[2]  handed: sorted set, permit id -> its lease deadline, for permits released on their
+--          owner's behalf
+-- KEYS[3]  queue: sorted set of waiters (see sem_acquire); a hint is published while it exists
+-- KEYS[4]  wake-up channel
+-- ARGV[1]  the value the caller's semaphore was constructed with
+-- ARGV[2]  '1' for a bounded semaphore (the free count may not go above the value), else '0'
+-- ARGV[3]  n, how many to release (>= 1)
+-- ARGV[4...]  ids of permits the caller's process holds, at most n: given back first
+-- return   the permits free afterwards (>= 0);
+--          -1 when a bounded semaphore would go above its value (nothing changed);
+--          -2 when the semaphore is in use with another value (nothing changed);
+--          {free, id, ...} when some given ids were no longer held (their lease had run out, so
+--          they had come back already): those ids; the rest of the release was done.
+-- An id found among the handed ones was released on its owner's behalf before: releasing it
+-- again counts as a release beyond the permits held, as it does in threading.
+local value = tonumber(ARGV[1])
+local recorded, extra, counters = sem_counters()
+if recorded and recorded ~= value then
+  return -2
+end
+local live = 0
+if recorded then
+  live = redis.call('zcount', KEYS[1], '(' .. fmt(NOW), '+inf')
+end
+local mine, handed, lost = {}, {}, {}
+for i = 4, #ARGV do
+  local deadline = redis.call('zscore', KEYS[1], ARGV[i])
+  if deadline and tonumber(deadline) > NOW then
+    mine[#mine + 1] = ARGV[i]
+  else
+    if deadline then
+      redis.call('zrem', KEYS[1], ARGV[i])  -- expired: it came back already
+    end
+    if #handed + #lost == 0 then
+      redis.call('zremrangebyscore', KEYS[2], 0, NOW)
+    end
+    if redis.call('zscore', KEYS[2], ARGV[i]) then
+      handed[#handed + 1] = ARGV[i]
+    else
+      lost[#lost + 1] = ARGV[i]
+    end
+  end
+end
+local rest = tonumber(ARGV[3]) - (#ARGV - 3) + #handed
+local free = value + extra - live
+local raised = #mine + rest
+if ARGV[2] == '1' and free + raised > value then
+  return -1
+end
+sem_sliced('zrem', KEYS[1], mine, 1000)
+sem_sliced('zrem', KEYS[2], handed, 1000)
+live = live - #mine
+if rest > 0 then
+  local others = {}
+  if live > 0 then
+    others = redis.call('zrangebyscore', KEYS[1], '(' .. fmt(NOW), '+inf', 'withscores',
+                        'limit', 0, rest)
+  end
+  local ids, entries = {}, {}
+  for i = 1, #others, 2 do
+    ids[#ids + 1] = others[i]
+    entries[#entries + 1] = others[i + 1]
+    entries[#entries + 1] = others[i]
+  end
+  if #ids > 0 then
+    sem_sliced('zrem', KEYS[1], ids, 1000)
+    sem_sliced('zadd', KEYS[2], entries, 2000)
+    local top = redis.call('zrange', KEYS[2], -1, -1, 'withscores')
+    redis.call('pexpireat', KEYS[2], top[2])
+    live = live - #ids
+  end
+  if rest > #ids then
+    extra = extra + rest - #ids
+    redis.call('zadd', KEYS[1], fmt(-(value + 1)), '~v', fmt(-(extra + 1)), '~x')
+    redis.call('persist', KEYS[1])
+  end
+end
+if live == 0 and extra == 0 then
+  redis.call('del', KEYS[1])  -- at rest (expired permits left by dead holders go too)
+end
+free = free + raised
+sem_wake(KEYS[3], KEYS[4], free)
+if #lost > 0 then
+  table.insert(lost, 1, free)
+  return lost
+end
+return free

@@ -1,0 +1,26 @@
+-- Renew the lease of one held permit (session watchdog), only while it is still held.
+-- KEYS[1]  the semaphore (sorted set, see _sem.lua)
+-- KEYS[2]  handed: sorted set of permits released on their owner's behalf
+-- ARGV[1]  permit id
+-- ARGV[2]  new lease, ms
+-- return   1 when renewed;
+--          2 when it was released on its owner's behalf (the owner forgets it; not a loss);
+--          0 when it is gone: its lease ran out (never extended then; an expired member is
+--          removed).
+local deadline = redis.call('zscore', KEYS[1], ARGV[1])
+if deadline and tonumber(deadline) > NOW then
+  local renewed = math.max(tonumber(deadline), NOW + tonumber(ARGV[2]))
+  redis.call('zadd', KEYS[1], fmt(renewed), ARGV[1])
+  local pttl = redis.call('pttl', KEYS[1])
+  if pttl >= 0 and pttl < renewed - NOW then  -- (no TTL at all while extra is not 0)
+    redis.call('pexpireat', KEYS[1], fmt(renewed))
+  end
+  return 1
+end
+if deadline then
+  redis.call('zrem', KEYS[1], ARGV[1])
+end
+if redis.call('zscore', KEYS[2], ARGV[1]) then
+  return 2
+end
+return 0

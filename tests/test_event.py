@@ -1,0 +1,336 @@
+"""DistEvent: threading.Event's contract, and what must hold across processes.
+
+``EventContract`` runs against ``threading.Event`` itself (which proves the tests) and against
+DistEvent; "as threading does" is checked by running the same call on a threading twin in the
+same state. Timing is asserted only as generous bounds; every thread and process is joined (or
+killed) with a bound.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import re
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import _sync_workers
+import pytest
+
+import distlock
+from distlock import DistEvent
+from distlock._session import session_for
+from distlock._synclogic import EV_EXPIRED, EV_TAKEN
+
+SPAWN = multiprocessing.get_context("spawn")
+BOUND = 20.0
+
+
+def _name(prefix: str = "ev") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _keys(client: Any) -> List[str]:
+    return sorted(k.decode() for k in client.scan_iter(match="distlock:*", count=1000))
+
+
+def _until(check: Callable[[], Any], bound: float = BOUND) -> None:
+    deadline = time.monotonic() + bound
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached within the bound"
+        time.sleep(0.02)
+
+
+def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__, str(exc)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "type_id" in metafunc.fixturenames and metafunc.cls is not None:
+        metafunc.parametrize("type_id", metafunc.cls.eventtypes)
+
+
+class Waiters:
+    """Threads each calling ``event.wait(timeout)``; their results, in order of return."""
+
+    def __init__(self, event: Any, count: int, timeout: float = BOUND) -> None:
+        self.results: List[bool] = []
+        self.lock = threading.Lock()
+        self.started = threading.Barrier(count + 1, timeout=BOUND)
+        self.threads = [threading.Thread(target=self._run, args=(event, timeout), daemon=True)
+                        for _ in range(count)]
+        for t in self.threads:
+            t.start()
+        self.started.wait()
+
+    def _run(self, event: Any, timeout: float) -> None:
+        self.started.wait()
+        ok = event.wait(timeout)
+        with self.lock:
+            self.results.append(ok)
+
+    def join(self) -> List[bool]:
+        for t in self.threads:
+            t.join(BOUND)
+        assert not any(t.is_alive() for t in self.threads)
+        return self.results
+
+
+def _registered(event: Any, count: int) -> Callable[[], bool]:
+    """For a DistEvent: True once ``count`` waiters joined in Redis. For threading: a short
+    pause stands in (its waiters block at once)."""
+    if isinstance(event, DistEvent):
+        client = event._session().client
+        return lambda: client.zcard(event._keys.waiters) >= count
+    started = time.monotonic()
+    return lambda: time.monotonic() - started > 0.2
+
+
+class EventContract:
+    __test__ = True
+    eventtypes = ("threading.Event", "DistEvent")
+
+    @pytest.fixture
+    def make(self, type_id: str, request: pytest.FixtureRequest) -> Callable[[], Any]:
+        if type_id == "threading.Event":
+            return threading.Event
+        client = request.getfixturevalue("client")
+        return lambda: DistEvent(_name(), client=client)
+
+    def test_repr(self, make: Callable[[], Any]) -> None:
+        event = make()
+        module = "distlock" if isinstance(event, DistEvent) else "threading"
+        cls = type(event).__qualname__
+        assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: unset\b", repr(event)), repr(event)
+        event.set()
+        assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: set\b", repr(event)), repr(event)
+        event.clear()
+        assert ": unset" in repr(event)
+
+    def test_set_clear_is_set(self, make: Callable[[], Any]) -> None:
+        event = make()
+        assert event.is_set() is False
+        assert event.set() is None
+        assert event.is_set() is True
+        event.set()  # twice: still set
+        assert event.is_set() is True
+        assert event.clear() is None
+        assert event.is_set() is False
+        event.clear()
+        assert event.is_set() is False
+
+    def test_wait_return_values(self, make: Callable[[], Any]) -> None:
+        event = make()
+        assert event.wait(0) is False
+        assert event.wait(-1) is False
+        assert event.wait(math.nan) is False  # threading: no wait
+        started = time.monotonic()
+        assert event.wait(0.2) is False
+        assert 0.18 <= time.monotonic() - started <= BOUND
+        event.set()
+        for timeout in (None, 0, -1, 0.5, threading.TIMEOUT_MAX):
+            assert event.wait(timeout) is True
+        event.clear()
+
+    @pytest.mark.parametrize("timeout", ["1", 1j, [1], math.inf, 1e100, threading.TIMEOUT_MAX * 2],
+                             ids=["str", "complex", "list", "inf", "huge", "above-max"])
+    def test_wait_argument_checks_match_threading(self, make: Callable[[], Any],
+                                                  timeout: Any) -> None:
+        """In the state where threading checks them (unset: it has to wait)."""
+        expected = outcome(lambda: threading.Event().wait(timeout))
+        assert expected[0] != "ok"
+        event = make()
+        assert outcome(lambda: event.wait(timeout)) == expected
+
+    def test_isSet_is_deprecated(self, make: Callable[[], Any]) -> None:  # noqa: N802
+        event = make()
+        with pytest.warns(DeprecationWarning, match="is_set"):
+            assert event.isSet() is False
+
+    def test_set_wakes_every_waiter(self, make: Callable[[], Any]) -> None:
+        event = make()
+        waiters = Waiters(event, 4)
+        _until(_registered(event, 4))
+        assert waiters.results == []
+        event.set()
+        assert waiters.join() == [True] * 4
+        event.clear()
+
+    def test_set_then_clear_still_wakes_waiters(self, make: Callable[[], Any]) -> None:
+        event = make()
+        waiters = Waiters(event, 3)
+        _until(_registered(event, 3))
+        event.set()
+        event.clear()
+        assert waiters.join() == [True] * 3
+        assert event.is_set() is False
+
+    def test_timed_out_waiters_return_false(self, make: Callable[[], Any]) -> None:
+        event = make()
+        waiters = Waiters(event, 3, timeout=0.2)
+        assert waiters.join() == [False] * 3
+        event.set()  # after they left: nothing to wake
+        assert event.wait(0) is True
+        event.clear()
+
+    def test_wait_after_set_does_not_block(self, make: Callable[[], Any]) -> None:
+        event = make()
+        event.set()
+        started = time.monotonic()
+        assert Waiters(event, 2, timeout=BOUND).join() == [True, True]
+        assert time.monotonic() - started < BOUND
+        event.clear()
+
+
+# --- what only DistEvent does --------------------------------------------------------------------
+
+def test_constructor_checks(client: Any) -> None:
+    with pytest.raises(TypeError):
+        DistEvent(1, client=client)
+    with pytest.raises(ValueError):
+        DistEvent("", client=client)
+    with pytest.raises(TypeError):
+        DistEvent("x", client=42)
+    with pytest.raises(TypeError):
+        DistEvent("x", client)
+    assert DistEvent("x", client=client).name == "x"
+
+
+def test_keys_while_set_and_after_clear(client: Any) -> None:
+    event = DistEvent(_name(), client=client)
+    assert event.wait(0.05) is False
+    assert _keys(client) == []  # a waiter that timed out left
+    event.set()
+    assert _keys(client) == [event._keys.flag]
+    assert client.ttl(event._keys.flag) == -1  # an Event is state: set stays set
+    assert DistEvent(event.name, client=client).is_set() is True  # any object of the name
+    event.clear()
+    assert _keys(client) == []
+
+
+def test_a_set_whose_hint_is_lost_still_wakes(client: Any) -> None:
+    """The set() reaches Redis but its hint goes nowhere, and the event is cleared at once: the
+    waiter, at its next look, finds its entry taken, and returns True."""
+    distlock.configure(wait_cap=0.3)
+    event = DistEvent(_name(), client=client)
+    waiters = Waiters(event, 2)
+    keys = event._keys
+    _until(lambda: client.zcard(keys.waiters) == 2)
+    session = session_for(client)
+    assert session.run("ev_set", (keys.flag, keys.waiters, keys.channel + ":nowhere"), ()) == 1
+    event.clear()
+    assert waiters.join() == [True, True]
+    assert _keys(client) == []
+
+
+def test_an_entry_that_ran_out_joins_again(client: Any) -> None:
+    event = DistEvent(_name(), client=client)
+    session = session_for(client)
+    keys = (event._keys.flag, event._keys.waiters)
+    deadline = int(session.run("ev_wait", keys, ("w1", "j", 50)))
+    assert deadline > 0
+    time.sleep(0.1)
+    assert session.run("ev_wait", keys, ("w1", "p", 50, deadline)) == EV_EXPIRED
+    deadline = int(session.run("ev_wait", keys, ("w1", "j", 5000)))
+    event.set()
+    event.clear()
+    assert session.run("ev_wait", keys, ("w1", "p", 5000, deadline)) == EV_TAKEN
+    assert _keys(client) == []
+
+
+def test_set_at_the_timeout_counts(client: Any) -> None:
+    """A set() whose hint is lost, landing before the waiter's last look: True."""
+    event = DistEvent(_name(), client=client)
+    box: Dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.setdefault("ok", event.wait(0.8)), daemon=True)
+    thread.start()
+    keys = event._keys
+    _until(lambda: client.zcard(keys.waiters) == 1)
+    session_for(client).run("ev_set", (keys.flag, keys.waiters, keys.channel + ":nowhere"), ())
+    event.clear()
+    thread.join(BOUND)
+    assert box == {"ok": True}
+
+
+# --- across processes ---------------------------------------------------------------------------
+
+class Children:
+    def __init__(self) -> None:
+        self.procs: List[Any] = []
+        self.conns: List[Any] = []
+
+    def start(self, target: Callable[..., None], *args: Any) -> Any:
+        parent, child = SPAWN.Pipe()
+        proc = SPAWN.Process(target=target, args=(*args, child), daemon=True)
+        proc.start()
+        child.close()
+        self.procs.append(proc)
+        self.conns.append(parent)
+        return parent
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        for proc in self.procs:
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10.0)
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    made = Children()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def recv(conn: Any, timeout: float = 60.0) -> Any:
+    assert conn.poll(timeout), f"no message within {timeout} s"
+    return conn.recv()
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_set_wakes_waiters_in_every_process(client: Any, url: str, children: Children) -> None:
+    """Four processes wait; one set() wakes them all, and a set() cleared at once still does.
+    A timed-out round: everyone returns False."""
+    event = DistEvent(_name(), client=client)
+    conns = [children.start(_sync_workers.event_waiter, url, event.name, 60.0) for _ in range(4)]
+    for conn in conns:
+        assert recv(conn)[0] == "ready"
+    for pulse in (False, True):
+        for conn in conns:
+            conn.send("go")
+            assert recv(conn) == ("waiting",)
+        _until(lambda: client.zcard(event._keys.waiters) == 4)
+        assert not any(conn.poll(0) for conn in conns)
+        event.set()
+        if pulse:
+            event.clear()
+        results = [recv(conn, BOUND)[0] for conn in conns]
+        assert results == [True] * 4
+        event.clear()
+    assert _keys(client) == []
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_waiters_in_processes_time_out(client: Any, url: str, children: Children) -> None:
+    event = DistEvent(_name(), client=client)
+    conns = [children.start(_sync_workers.event_waiter, url, event.name, 0.3) for _ in range(3)]
+    for conn in conns:
+        assert recv(conn)[0] == "ready"
+    for conn in conns:
+        conn.send("go")
+    for conn in conns:
+        assert recv(conn) == ("waiting",)
+        assert recv(conn, BOUND)[0] is False
+    _until(lambda: _keys(client) == [])

@@ -1,0 +1,661 @@
+"""DistSemaphore and DistBoundedSemaphore: threading's contract, and what must hold across
+processes.
+
+The contract classes are keyed by ``semtypes`` (as ``test_contract.py`` keys locks): every test
+runs against ``threading.Semaphore`` / ``threading.BoundedSemaphore`` themselves, which proves
+the test, and against the Dist twins. Where the contract is "as threading does", the same call
+runs on a threading twin in the same state and the outcomes are compared. Timing is asserted
+only as generous bounds; every thread and process is joined (or killed) with a bound.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import _sync_workers
+import pytest
+
+import distlock
+from distlock import DistBoundedSemaphore, DistSemaphore, LockLostError
+from distlock._session import session_for
+from distlock._synclogic import check_sem_acquire_args
+
+SPAWN = multiprocessing.get_context("spawn")
+
+#: The loosest upper bound on anything that should be quick: only a hang fails it.
+BOUND = 20.0
+
+
+def _name(prefix: str = "sem") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def _keys(client: Any) -> List[str]:
+    return sorted(k.decode() for k in client.scan_iter(match="distlock:*", count=1000))
+
+
+def _permits(client: Any, sem: Any) -> List[Tuple[bytes, float]]:
+    """The permits held on ``sem`` (without its counters), by lease deadline."""
+    return client.zrangebyscore(sem._keys.sem, 0, "+inf", withscores=True)
+
+
+def _until(check: Callable[[], Any], bound: float = BOUND) -> None:
+    deadline = time.monotonic() + bound
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached within the bound"
+        time.sleep(0.02)
+
+
+def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
+    try:
+        return "ok", fn()
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__, str(exc)
+
+
+# --- semaphore types --------------------------------------------------------------------------
+
+@dataclass
+class SemType:
+    id: str
+    bounded: bool
+    dist: bool
+    make: Callable[..., Any]
+    twin: Callable[..., Any]
+    default: Callable[[], Any]
+    client: Any = None
+
+    def __call__(self, value: Any = 1) -> Any:
+        return self.make(value)
+
+
+def _semtype(type_id: str, request: pytest.FixtureRequest) -> SemType:
+    twin = threading.BoundedSemaphore if "Bounded" in type_id else threading.Semaphore
+    if type_id.startswith("threading."):
+        return SemType(type_id, twin is threading.BoundedSemaphore, False, twin, twin, twin)
+    client = request.getfixturevalue("client")
+    cls = DistBoundedSemaphore if "Bounded" in type_id else DistSemaphore
+    return SemType(type_id, cls is DistBoundedSemaphore, True,
+                   lambda value: cls(_name(type_id), value, client=client), twin,
+                   lambda: cls(_name(type_id), client=client), client)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "type_id" in metafunc.fixturenames and metafunc.cls is not None:
+        metafunc.parametrize("type_id", metafunc.cls.semtypes)
+
+
+def in_thread(fn: Callable[[], Any], bound: float = BOUND) -> Any:
+    box: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(bound)
+    assert not thread.is_alive(), f"helper thread still running after {bound} s"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def drain(sem: Any) -> int:
+    """Take every free permit without waiting; return how many there were."""
+    n = 0
+    while n < 100 and sem.acquire(False):
+        n += 1
+    return n
+
+
+# --- the contract -----------------------------------------------------------------------------
+
+class SemaphoreContract:
+    """What every semaphore does, threading's and distlock's."""
+
+    __test__ = True
+    semtypes = ("threading.Semaphore", "threading.BoundedSemaphore",
+                "DistSemaphore", "DistBoundedSemaphore")
+
+    @pytest.fixture
+    def semtype(self, type_id: str, request: pytest.FixtureRequest) -> SemType:
+        return _semtype(type_id, request)
+
+    def test_repr(self, semtype: SemType) -> None:
+        sem = semtype(3)
+        module = "distlock" if semtype.dist else "threading"
+        cls = type(sem).__qualname__
+        shown = "3/3" if semtype.bounded else "3"
+        assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: value={shown}\b", repr(sem)), repr(sem)
+        sem.acquire()
+        assert f"value={'2/3' if semtype.bounded else '2'}" in repr(sem)
+        sem.release()
+        assert f"value={shown}" in repr(sem)
+
+    @pytest.mark.parametrize("value", [-1, -5, -0.5, "3", None, [1]])
+    def test_bad_initial_value_matches_threading(self, semtype: SemType, value: Any) -> None:
+        expected = outcome(lambda: semtype.twin(value))
+        assert expected[0] != "ok"
+        assert outcome(lambda: semtype(value)) == expected
+
+    def test_default_value_is_one(self, semtype: SemType) -> None:
+        sem = semtype.default()
+        assert sem.acquire(False) is True
+        assert sem.acquire(False) is False
+        sem.release()
+
+    def test_counts_down_to_zero(self, semtype: SemType) -> None:
+        sem = semtype(3)
+        assert [sem.acquire(False) for _ in range(4)] == [True, True, True, False]
+        assert sem.acquire(timeout=0) is False
+        assert sem.acquire(timeout=-1) is False  # threading: no wait, one try
+        started = time.monotonic()
+        assert sem.acquire(timeout=0.2) is False
+        assert 0.18 <= time.monotonic() - started <= BOUND
+        sem.release(3)
+        assert drain(sem) == 3
+        sem.release(3)
+
+    def test_zero_value(self, semtype: SemType) -> None:
+        sem = semtype(0)
+        assert sem.acquire(False) is False
+        if semtype.bounded:
+            with pytest.raises(ValueError, match="^Semaphore released too many times$"):
+                sem.release()
+        else:
+            sem.release()
+            assert sem.acquire(False) is True
+
+    def test_acquire_return_values(self, semtype: SemType) -> None:
+        sem = semtype(1)
+        for call in (lambda: sem.acquire(), lambda: sem.acquire(True), lambda: sem.acquire(False),
+                     lambda: sem.acquire(timeout=1.5), lambda: sem.acquire(True, None),
+                     lambda: sem.acquire(blocking=True, timeout=0), lambda: sem.acquire("yes"),
+                     lambda: sem.acquire(timeout=threading.TIMEOUT_MAX)):
+            assert call() is True
+            assert sem.release() is None
+
+    def test_release_without_acquire(self, semtype: SemType) -> None:
+        sem = semtype(2)
+        if semtype.bounded:
+            with pytest.raises(ValueError, match="^Semaphore released too many times$"):
+                sem.release()
+            sem.acquire()
+            with pytest.raises(ValueError, match="^Semaphore released too many times$"):
+                sem.release(2)  # nothing changed: still one taken
+            assert drain(sem) == 1
+            sem.release(2)
+        else:
+            sem.release()
+            sem.release(2)
+            assert drain(sem) == 5
+            sem.release(5)
+
+    @pytest.mark.parametrize("n", [0, -1, -0.5, "2", None, 1.5])
+    def test_release_argument_checks_match_threading(self, semtype: SemType, n: Any) -> None:
+        if n == 1.5 and semtype.bounded:
+            pytest.skip("threading.BoundedSemaphore says 'released too many times' for 1.5 "
+                        "(its bound check comes first); distlock raises TypeError: a count of "
+                        "permits is an int")
+        twin = semtype.twin(1)
+        twin.acquire()
+        expected = outcome(lambda: twin.release(n))
+        assert expected[0] != "ok"
+        sem = semtype(1)
+        sem.acquire()
+        assert outcome(lambda: sem.release(n)) == expected
+        if semtype.dist or n != 1.5:  # threading raises the count first on a fraction
+            assert sem.acquire(False) is False  # nothing released
+        sem.release()
+
+    BAD_ACQUIRE: List[Tuple[str, Tuple[Any, ...], Dict[str, Any]]] = [
+        ("timeout-with-nonblocking", (False, 1), {}),
+        ("timeout-zero-with-nonblocking", (False, 0), {}),
+        ("timeout-with-nonblocking-kw", (), {"blocking": False, "timeout": 0.5}),
+        ("timeout-str", (), {"timeout": "1"}),
+        ("timeout-complex", (), {"timeout": 1j}),
+        ("timeout-list", (), {"timeout": [1]}),
+        ("timeout-inf", (), {"timeout": math.inf}),
+        ("timeout-huge", (), {"timeout": 1e100}),
+        ("timeout-above-max", (), {"timeout": threading.TIMEOUT_MAX * 2}),
+    ]
+
+    @pytest.mark.parametrize("args,kwargs", [(a, k) for _, a, k in BAD_ACQUIRE],
+                             ids=[n for n, _, _ in BAD_ACQUIRE])
+    def test_acquire_argument_checks_match_threading(self, semtype: SemType, args: Tuple[Any, ...],
+                                                     kwargs: Dict[str, Any]) -> None:
+        """In the state where threading checks them (no permit free: it has to wait)."""
+        twin = semtype.twin(0)
+        expected = outcome(lambda: twin.acquire(*args, **kwargs))
+        assert expected[0] != "ok", "threading accepted it: the case list is wrong"
+        sem = semtype(0)
+        assert outcome(lambda: sem.acquire(*args, **kwargs)) == expected
+
+    def test_with(self, semtype: SemType) -> None:
+        sem = semtype(1)
+        twin = semtype.twin(1)
+        with twin as expected:
+            pass
+        with sem as got:
+            assert sem.acquire(False) is False
+        assert got == expected is True
+        assert drain(sem) == 1
+        sem.release()
+
+        class Boom(Exception):
+            pass
+
+        with pytest.raises(Boom):
+            with sem:
+                raise Boom
+        assert drain(sem) == 1
+        sem.release()
+
+    def test_release_from_another_thread(self, semtype: SemType) -> None:
+        sem = semtype(1)
+        sem.acquire()
+        in_thread(sem.release)
+        assert sem.acquire(False) is True
+        sem.release()
+
+    def test_blocked_acquire_returns_on_release(self, semtype: SemType) -> None:
+        sem = semtype(1)
+        sem.acquire()
+        releaser = threading.Timer(0.2, sem.release)
+        releaser.start()
+        try:
+            assert sem.acquire(timeout=BOUND) is True
+        finally:
+            releaser.join(BOUND)
+        sem.release()
+
+    def test_release_n_wakes_n_waiters(self, semtype: SemType) -> None:
+        sem = semtype(3)
+        assert drain(sem) == 3
+        got: List[bool] = []
+        lock = threading.Lock()
+
+        def waiter() -> None:
+            ok = sem.acquire(timeout=BOUND)
+            with lock:
+                got.append(ok)
+
+        threads = [threading.Thread(target=waiter, daemon=True) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.2)
+            assert got == []
+            sem.release(2)
+            _until(lambda: len(got) == 2)
+            time.sleep(0.2)
+            assert got == [True, True]  # the third still waits
+            sem.release()
+            _until(lambda: len(got) == 3)
+        finally:
+            for t in threads:
+                t.join(BOUND)
+        assert not any(t.is_alive() for t in threads)
+        assert got == [True, True, True]
+        sem.release(3)
+        assert drain(sem) == 3
+        sem.release(3)
+
+    def test_never_more_holders_than_value(self, semtype: SemType) -> None:
+        sem = semtype(2)
+        box = {"inside": 0, "high": 0, "done": 0}
+        lock = threading.Lock()
+
+        def worker() -> None:
+            for _ in range(6):
+                with sem:
+                    with lock:
+                        box["inside"] += 1
+                        box["high"] = max(box["high"], box["inside"])
+                    time.sleep(0.002)
+                    with lock:
+                        box["inside"] -= 1
+                        box["done"] += 1
+
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(BOUND * 3)
+        assert not any(t.is_alive() for t in threads)
+        assert box["done"] == 24 and box["inside"] == 0
+        assert 1 <= box["high"] <= 2
+
+
+# --- what only the distributed semaphores do ---------------------------------------------------
+
+@pytest.fixture
+def other_client(backend: Any, client: Any) -> Iterator[Any]:
+    """A second client of the same server: its session stands for another process."""
+    second = backend.client()
+    try:
+        yield second
+    finally:
+        second.close()
+
+
+@pytest.mark.parametrize("cls", [DistSemaphore, DistBoundedSemaphore])
+def test_constructor_checks(client: Any, cls: Any) -> None:
+    with pytest.raises(TypeError):
+        cls(1, client=client)
+    with pytest.raises(ValueError):
+        cls("", client=client)
+    with pytest.raises(TypeError):
+        cls("x", 2.5, client=client)  # a count of permits: an int
+    with pytest.raises(ValueError):
+        cls("x", lease=0, client=client)
+    with pytest.raises(TypeError):
+        cls("x", client=42)
+    with pytest.raises(TypeError):
+        cls("x", 1, client, None)  # keyword-only options
+    assert cls("x", True, client=client).name == "x"  # threading takes a bool, so do we
+
+
+def test_check_acquire_args_is_threadings() -> None:
+    assert check_sem_acquire_args(True, None) == (True, None)
+    assert check_sem_acquire_args(False, None) == (False, 0.0)
+    assert check_sem_acquire_args(1, 2) == (True, 2.0)
+    assert check_sem_acquire_args(True, -3) == (True, 0.0)
+    with pytest.raises(ValueError, match="Invalid value NaN"):
+        check_sem_acquire_args(True, math.nan)  # threading would spin for ever
+
+
+def test_nothing_left_at_rest(client: Any) -> None:
+    sem = DistSemaphore(_name(), 2, client=client)
+    sem.acquire()
+    sem.acquire()
+    assert _keys(client) == [sem._keys.sem]
+    assert sem.acquire(timeout=0.1) is False  # a waiter queued, then left
+    sem.release(2)
+    assert _keys(client) == []
+    sem.release()  # a count raised above the value is state: it stays
+    assert _keys(client) == [sem._keys.sem]
+    assert client.ttl(sem._keys.sem) == -1
+    assert drain(sem) == 3
+    sem.release(3)
+    assert _keys(client) == [sem._keys.sem]
+
+
+def test_value_mismatch_names_the_recorded_value(client: Any) -> None:
+    name = _name()
+    first = DistSemaphore(name, 3, client=client)
+    other = DistBoundedSemaphore(name, 5, client=client)  # no I/O: constructing is fine
+    first.acquire()
+    with pytest.raises(ValueError, match=r"created with value 3, not 5"):
+        other.acquire()
+    with pytest.raises(ValueError, match=r"created with value 3, not 5"):
+        other.release()
+    first.release()
+    # At rest nothing is recorded: the next first use records its own value.
+    assert other.acquire() is True
+    with pytest.raises(ValueError, match=r"created with value 5, not 3"):
+        first.acquire(False)
+    other.release()
+    assert _keys(client) == []
+
+
+def test_same_name_is_one_count(client: Any) -> None:
+    name = _name()
+    a, b = DistSemaphore(name, 2, client=client), DistBoundedSemaphore(name, 2, client=client)
+    assert a.acquire(False) and b.acquire(False)
+    assert not a.acquire(False) and not b.acquire(False)
+    b.release()
+    a.release()
+    with pytest.raises(ValueError, match="^Semaphore released too many times$"):
+        b.release()
+    assert _keys(client) == []
+
+
+def test_watchdog_keeps_permits(client: Any) -> None:
+    distlock.configure(lease=1.0, renew_interval=0.25)
+    sem = DistSemaphore(_name(), 1, client=client)
+    lost: List[Any] = []
+    sem.on_lost(lost.append)
+    sem.acquire()
+    first = _permits(client, sem)[0][1]
+    _until(lambda: _permits(client, sem)[0][1] > first)
+    time.sleep(1.2)  # longer than the lease
+    assert in_thread(lambda: DistSemaphore(sem.name, 1, client=client).acquire(False)) is False
+    sem.release()
+    assert lost == []
+    assert _keys(client) == []
+
+
+def test_explicit_lease_expires_and_release_reports_it(client: Any) -> None:
+    name = _name()
+    sem = DistSemaphore(name, 1, client=client, lease=0.5)
+    lost: List[Any] = []
+    sem.on_lost(lost.append)
+    started = time.monotonic()
+    assert sem.acquire() is True
+
+    def take() -> Tuple[bool, float]:
+        other = DistSemaphore(name, 1, client=client)
+        ok = other.acquire(timeout=BOUND)
+        at = time.monotonic() - started
+        if ok:
+            other.release()
+        return ok, at
+
+    ok, at = in_thread(take)
+    assert ok is True and 0.4 <= at <= BOUND  # not before the lease ran out
+    with pytest.raises(LockLostError, match="lost"):
+        sem.release()
+    assert lost == [sem]
+    assert drain(sem) == 1  # the lost permit was not counted twice
+    sem.release()
+    assert _keys(client) == []
+
+
+def test_release_on_another_processs_behalf(client: Any, other_client: Any) -> None:
+    """A process that holds no permit releases one: the permit another process holds (whose
+    lease runs out first) is given back, and its owner forgets it quietly."""
+    distlock.configure(lease=1.0, renew_interval=0.2)
+    name = _name()
+    owner = DistSemaphore(name, 1, client=client)
+    stranger = DistSemaphore(name, 1, client=other_client)
+    lost: List[Any] = []
+    owner.on_lost(lost.append)
+    owner.acquire()
+    assert stranger.acquire(False) is False
+    stranger.release()  # threading: any thread may release
+    assert _permits(client, owner) == []
+    assert stranger.acquire(False) is True  # the count is back to 1, then taken
+    session = session_for(client)
+    _until(lambda: not [h for (k, _), h in session.holds.items() if k == owner._keys.sem])
+    assert lost == []  # forgotten quietly, not lost
+    # The owner releases "its" permit again: threading counts that as one more release.
+    owner.release()
+    assert stranger.acquire(False) is True
+    stranger.release(2)
+    assert drain(owner) == 2
+    owner.release(2)
+
+
+def test_bounded_release_on_behalf_then_owner_release_is_too_many(client: Any,
+                                                                   other_client: Any) -> None:
+    name = _name()
+    owner = DistBoundedSemaphore(name, 1, client=client, lease=5)
+    stranger = DistBoundedSemaphore(name, 1, client=other_client)
+    owner.acquire()
+    stranger.release()
+    with pytest.raises(ValueError, match="^Semaphore released too many times$"):
+        owner.release()
+    with pytest.raises(ValueError, match="^Semaphore released too many times$"):
+        owner.release()
+    assert drain(owner) == 1
+    owner.release()
+
+
+def test_calling_thread_permit_goes_back_first(client: Any) -> None:
+    sem = DistSemaphore(_name(), 2, client=client)
+    sem.acquire()
+    mine = _permits(client, sem)
+    in_thread(sem.acquire)
+    theirs = set(_permits(client, sem)) - set(mine)
+    sem.release()  # this thread's permit goes back; the other thread's stays
+    assert set(_permits(client, sem)) == theirs
+    in_thread(sem.release)
+    assert _keys(client) == []
+
+
+def test_expired_holder_wakes_waiters(client: Any) -> None:
+    """Permits whose holder stopped renewing (lease=...) come back; the waiters, whose sleep is
+    bounded by the first lease to run out (not by the 10 s cap), take them without any
+    release: the first one's try finds both expired and tells the other."""
+    distlock.configure(wait_cap=10.0)
+    name = _name()
+    holder = DistSemaphore(name, 2, client=client, lease=0.6)
+    holder.acquire()
+    holder.acquire()
+    results: List[bool] = []
+
+    def wait() -> None:
+        sem = DistSemaphore(name, 2, client=client)
+        ok = sem.acquire(timeout=BOUND)
+        results.append(ok)
+        if ok:
+            sem.release()
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=wait, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(BOUND)
+    assert results == [True, True]
+    assert 0.5 <= time.monotonic() - started < 6.0  # the cap alone would be 10 s (or 6 s)
+    for _ in range(2):
+        with pytest.raises(LockLostError):
+            holder.release()
+    assert _keys(client) == []
+
+
+# --- across processes ---------------------------------------------------------------------------
+
+class Children:
+    def __init__(self) -> None:
+        self.procs: List[Any] = []
+        self.conns: List[Any] = []
+
+    def start(self, target: Callable[..., None], *args: Any) -> Any:
+        parent, child = SPAWN.Pipe()
+        proc = SPAWN.Process(target=target, args=(*args, child), daemon=True)
+        proc.start()
+        child.close()
+        self.procs.append(proc)
+        self.conns.append(parent)
+        return parent
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.close()
+        for proc in self.procs:
+            proc.join(10.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(10.0)
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    made = Children()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def recv(conn: Any, timeout: float = 60.0) -> Any:
+    assert conn.poll(timeout), f"no message within {timeout} s"
+    return conn.recv()
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_processes_never_exceed_the_value(client: Any, url: str, children: Children) -> None:
+    name, gauge, high = _name(), _name("gauge"), _name("high")
+    conns = [children.start(_sync_workers.sem_worker, url, name, 2, 15, gauge, high)
+             for _ in range(4)]
+    for conn in conns:
+        assert recv(conn)[0] == "ready"
+    for conn in conns:
+        conn.send("go")
+    done = [recv(conn, 120.0) for conn in conns]
+    assert done == [("done", 15)] * 4
+    assert int(client.get(gauge)) == 0
+    assert 1 <= int(client.get(high)) <= 2
+    assert _keys(client) == []
+    client.delete(gauge, high)
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_sigkilled_holder_gives_permits_back(client: Any, url: str, children: Children) -> None:
+    """A holder killed with SIGKILL: its permits come back when their lease runs out, and
+    waiters in three other processes get them."""
+    name = _name()
+    settings = {"lease": 1.0, "renew_interval": 0.25}
+    holder = children.start(_sync_workers.sem_holder, url, name, 2, 2, settings)
+    kind, pid = recv(holder)
+    assert kind == "held"
+    waiters = [children.start(_sync_workers.sem_waiter, url, name, 2, 60.0) for _ in range(3)]
+    for conn in waiters:
+        assert recv(conn)[0] == "ready"
+    for conn in waiters:
+        conn.send("go")
+        assert recv(conn) == ("waiting",)
+    time.sleep(1.5)  # longer than the lease: the watchdog keeps them held while it lives
+    assert not any(conn.poll(0) for conn in waiters)
+    assert len(_permits(client, DistSemaphore(name, 2))) == 2
+    os.kill(pid, signal.SIGKILL)
+    children.procs[0].join(10.0)
+    assert [recv(conn, BOUND) for conn in waiters] == [("got", True)] * 3
+    _until(lambda: _keys(client) == [])
+
+
+@pytest.mark.real_redis
+def test_fork_child_owns_nothing(client: Any, url: str) -> None:
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork")
+    sem = DistSemaphore(_name(), 1, client=client)
+    sem.acquire()
+    r, w = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running (3.12+)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            try:
+                sem.release()  # holds nothing here: raises the count, like a stranger
+                os.write(w, b"ok")
+            except Exception as exc:  # noqa: BLE001
+                os.write(w, repr(exc).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 200)
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert got == b"ok"
+    # The child's release gave back our permit on our behalf: the count is 1 again.
+    assert sem.acquire(False) is True
+    sem.release()
