@@ -2,12 +2,14 @@
 
 Construction only: nothing here talks to Redis (redis-py connects on the first command).
 
-- ``bounded(client)``: the client itself, unless it has no ``socket_timeout`` (redis-py before
-  6 defaulted to none). Then a dead server that keeps its TCP connections open (a blackhole)
-  would block every command forever, and ``acquire(timeout=1)`` with it. The session then does
-  its I/O through a twin with the same connection settings and ``DEFAULT_IO_TIMEOUT``.
-- ``renewer(client, timeout)``: a one-connection twin for the watchdog, with a socket timeout
-  no longer than the renew interval and no hidden retries (the watchdog retries by itself).
+- ``bounded(client)``: the client itself, unless it has no ``socket_timeout`` (older redis-py
+  versions defaulted to none; recent ones to 5 s). Then a dead server that keeps its TCP
+  connections open (a blackhole) would block every command forever, and ``acquire(timeout=1)``
+  with it. The session then does its I/O through a twin with the same connection settings and
+  ``DEFAULT_IO_TIMEOUT``.
+- ``renewer(client, timeout)``: a twin for the watchdog, with its own connection, a socket
+  timeout no longer than the renew interval and no hidden retries (the watchdog retries by
+  itself).
   It does not share the user's pool, so user code that exhausts a BlockingConnectionPool cannot
   starve the renewals, and a blackholed server makes the renewal fail in time for the hold to be
   reported lost when its lease runs out, not a minute later.
@@ -27,7 +29,7 @@ from redis.retry import Retry
 __all__ = ["DEFAULT_IO_TIMEOUT", "bounded", "renewer", "socket_timeout_of"]
 
 #: The socket timeout of the session's own I/O when the user's client has none (seconds): the
-#: default of redis-py 6 and later.
+#: default of recent redis-py versions.
 DEFAULT_IO_TIMEOUT = 5.0
 
 _CONNECTIONS = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
@@ -51,12 +53,14 @@ def socket_timeout_of(client: Any) -> Optional[float]:
     return None if value is None else float(value)
 
 
-def _twin(pool: Any, overrides: Dict[str, Any], max_connections: Optional[int]) -> Any:
+def _twin(pool: Any, overrides: Dict[str, Any], private: bool) -> Any:
+    """A client with ``pool``'s connection settings and ``overrides``; its pool is of the same
+    kind and size, or (``private``) a plain pool of its own that grows only as it is used."""
     kwargs = dict(pool.connection_kwargs)
     kwargs.update(overrides)
-    if max_connections is not None:
+    if private:
         return redis.Redis(connection_pool=redis.ConnectionPool(
-            connection_class=pool.connection_class, max_connections=max_connections, **kwargs))
+            connection_class=pool.connection_class, **kwargs))
     if type(pool) is redis.BlockingConnectionPool:
         new_pool: Any = redis.BlockingConnectionPool(  # type: ignore[no-untyped-call]
             connection_class=pool.connection_class, max_connections=pool.max_connections,
@@ -76,13 +80,13 @@ def bounded(client: Any) -> Any:
     if pool.connection_kwargs.get("socket_connect_timeout") is None:
         overrides["socket_connect_timeout"] = DEFAULT_IO_TIMEOUT
     try:
-        return _twin(pool, overrides, None)
+        return _twin(pool, overrides, False)
     except (TypeError, ValueError):
         return client
 
 
 def renewer(client: Any, timeout: float) -> Optional[Any]:
-    """A one-connection twin for the watchdog whose every command gives up after ``timeout``
+    """A twin for the watchdog (one thread: one connection) whose every command gives up after ``timeout``
     seconds (or the client's own, shorter, socket timeout), without retries; None when the
     client cannot be twinned."""
     pool = _pool_of(client)
@@ -99,6 +103,6 @@ def renewer(client: Any, timeout: float) -> Optional[Any]:
         "retry_on_error": [],
     }
     try:
-        return _twin(pool, overrides, 1)
+        return _twin(pool, overrides, True)
     except (TypeError, ValueError):
         return None

@@ -42,7 +42,7 @@ class RedisServer:
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
         self.dir = tempfile.mkdtemp(prefix="distlock-redis-")
-        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.proc: Optional[subprocess.Popen[bytes]] = None
         self.start()
 
     @property
@@ -106,7 +106,7 @@ class RedisServer:
                 self.proc.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> "RedisServer":
+    def __enter__(self) -> RedisServer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -49,9 +49,9 @@ class Hold:
         "lost", "listeners", "renew", "releasing", "__weakref__",
     )
 
-    def __init__(self, session: "Session", key: str, owner: str, token: int, count: int,
+    def __init__(self, session: Session, key: str, owner: str, token: int, count: int,
                  watchdog: bool, lease_ms: int, sent_at: float,
-                 renew: "Callable[[Any, Hold, int], Any]") -> None:
+                 renew: Callable[[Any, Hold, int], Any]) -> None:
         self.session = session
         self.key = key
         self.owner = owner
@@ -66,7 +66,7 @@ class Hold:
         #: set while a release of this hold is in flight: a renewal that finds the hold gone
         #: then raced the release, and says nothing about a lost lease
         self.releasing = False
-        self.listeners: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
         #: renew(pipeline, hold, lease_ms): queue one renewal of this hold on ``pipeline``; the
         #: primitive that made the hold knows its script and keys.
         self.renew = renew
@@ -82,7 +82,7 @@ class Waiter:
 
     __slots__ = ("event", "channel", "ident", "named")
 
-    def __init__(self, channel: "_Channel", ident: Optional[str] = None) -> None:
+    def __init__(self, channel: _Channel, ident: Optional[str] = None) -> None:
         self.event = threading.Event()
         self.channel = channel
         self.ident = ident
@@ -123,19 +123,19 @@ UNSUBSCRIBE_AFTER = 5.0
 
 
 class Session:
-    def __init__(self, client: "redis.Redis[Any]") -> None:
+    def __init__(self, client: redis.Redis) -> None:
         #: the client this session is for (its identity in ``session_for``)
         self.given = client
         #: the client it talks through: the same, or a twin with a socket timeout when the given
         #: one has none (see ``_clients.bounded``), so no command can wait forever
         client = bounded(client)
-        self.client = client
+        self.client: Any = client
         self._renewer: Any = None  # (renew interval, twin) of the watchdog, made on first renewal
         self.id = uuid.uuid4().hex
         self.info = f"{socket.gethostname()}:{os.getpid()}"
         self.pid = os.getpid()
         self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
-        self._execute = client.execute_command
+        self._execute: Callable[..., Any] = client.execute_command
         self._mutex = threading.Lock()
         #: Tries by queued waiters go through these slots, so that a crowd of waiters woken at
         #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
@@ -551,7 +551,7 @@ _sessions: Dict[int, Session] = {}
 _sessions_lock = threading.Lock()
 
 
-def session_for(client: "redis.Redis[Any]") -> Session:
+def session_for(client: redis.Redis) -> Session:
     session = _sessions.get(id(client))
     if session is not None and session.given is client:
         return session

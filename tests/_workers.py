@@ -60,7 +60,7 @@ def hold_until_killed(url: str, kind: str, name: str, lease: Optional[float], co
             return
 
 
-def contend_once(url: str, kind: str, name: str, start_at: float) -> "tuple[float, float, int]":
+def contend_once(url: str, kind: str, name: str, start_at: float) -> tuple[float, float, int]:
     """Wait until ``start_at`` (monotonic), acquire, hold briefly, release; return the interval
     on the system-wide monotonic clock and the token."""
     lock = make_lock(kind, name, url)

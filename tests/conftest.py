@@ -41,7 +41,7 @@ class Backend:
     def real(self) -> bool:
         return self.url is not None
 
-    def client(self, **kwargs: Any) -> "redis.Redis[Any]":
+    def client(self, **kwargs: Any) -> redis.Redis:
         if self.url is not None:
             return redis.Redis.from_url(self.url, **kwargs)
         import fakeredis
@@ -71,7 +71,7 @@ def backend() -> Iterator[Backend]:
 
 
 @pytest.fixture
-def client(backend: Backend) -> Iterator["redis.Redis[Any]"]:
+def client(backend: Backend) -> Iterator[redis.Redis]:
     """A client of the test server; everything it made is gone after the test."""
     before = set(threading.enumerate())
     c = backend.client()
@@ -91,14 +91,14 @@ def client(backend: Backend) -> Iterator["redis.Redis[Any]"]:
 
 
 @pytest.fixture
-def url(backend: Backend, client: "redis.Redis[Any]") -> str:
+def url(backend: Backend, client: redis.Redis) -> str:
     """The test server's URL, for code that runs in other processes (real server only)."""
     if backend.url is None:
         pytest.skip("needs a real redis-server: other processes cannot reach fakeredis")
     return backend.url
 
 
-def _wait_threads_gone(before: "set[threading.Thread]", timeout: float = 5.0) -> None:
+def _wait_threads_gone(before: set[threading.Thread], timeout: float = 5.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         extra = [t for t in threading.enumerate() if t not in before and t.is_alive()
@@ -109,7 +109,7 @@ def _wait_threads_gone(before: "set[threading.Thread]", timeout: float = 5.0) ->
     assert not extra, f"threads left behind: {extra}"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: "list[pytest.Item]") -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if redis_server_binary() is not None or os.environ.get("DISTLOCK_TEST_REDIS_URL"):
         return
     if REQUIRE_REAL:

@@ -14,6 +14,15 @@ if count == nil or fields[2] ~= ARGV[2] then
 end
 local n = tonumber(ARGV[3] or '1')
 if n > 0 and n < count then
+  -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
+  -- command may use memory: HINCRBY may; PEXPIRE and DEL may not. Setting the TTL to what it
+  -- is makes the HINCRBY a later write, which Redis allows, so giving back a level never fails
+  -- for want of memory. (The `#!lua flags=allow-oom` shebang would say so directly, but needs
+  -- Redis 7 and breaks fakeredis.)
+  local pttl = redis.call('pttl', KEYS[1])
+  if pttl > 0 then
+    redis.call('pexpire', KEYS[1], pttl)
+  end
   return redis.call('hincrby', KEYS[1], ARGV[1], -n)
 end
 redis.call('del', KEYS[1])

@@ -12,8 +12,9 @@ if deadline <= now then
   return 0
 end
 deadline = math.max(deadline, now + tonumber(ARGV[2]))
+-- PEXPIRE before ZADD: out of memory (maxmemory under noeviction), Redis refuses a script's
+-- first write when that command may use memory (ZADD may, PEXPIRE may not) and allows later
+-- ones, so a renewal never fails for want of memory. The TTL only grows, to cover the deadline.
+redis.call('pexpire', KEYS[1], math.max(redis.call('pttl', KEYS[1]), deadline - now))
 redis.call('zadd', KEYS[1], string.format('%.0f', deadline), ARGV[1])
-if redis.call('pttl', KEYS[1]) < deadline - now then
-  redis.call('pexpire', KEYS[1], deadline - now)
-end
 return 1

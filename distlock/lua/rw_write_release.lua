@@ -16,6 +16,14 @@ if count == nil or f[2] ~= ARGV[2] then
 end
 local n = tonumber(ARGV[3] or '1')
 if n > 0 and n < count then
+  -- PEXPIRE (to the TTL it has) before HINCRBY: out of memory (maxmemory under noeviction),
+  -- Redis refuses a script's first write when that command may use memory (HINCRBY may,
+  -- PEXPIRE may not) and allows later ones, so giving back a level never fails for want of
+  -- memory. See lock_release.lua.
+  local pttl = redis.call('pttl', KEYS[1])
+  if pttl > 0 then
+    redis.call('pexpire', KEYS[1], pttl)
+  end
   return redis.call('hincrby', KEYS[1], ARGV[1], -n)
 end
 redis.call('del', KEYS[1])
