@@ -32,14 +32,14 @@ class Settings:
     - ``renew_interval``: how often the watchdog renews those holds, in seconds (10); must be
       shorter than ``lease``.
     - ``wait_cap``: the longest a waiter at the head of its process' queue sleeps before it
-      tries again, whatever pub/sub says (2 s). Other waiters of the same lock in the same
+      tries again, whatever pub/sub says (3 s). Other waiters of the same lock in the same
       process sleep at most ``wait_cap * queue_cap_factor``.
     """
 
     prefix: str = "distlock:"
     lease: float = 30.0
     renew_interval: float = 10.0
-    wait_cap: float = 2.0
+    wait_cap: float = 3.0
     queue_cap_factor: float = 10.0
 
 
@@ -52,6 +52,13 @@ _url_clients: Dict[str, redis.Redis] = {}
 
 def settings() -> Settings:
     return _settings
+
+
+def reset_settings() -> None:
+    """Back to the defaults (the default client is left as it is); for tests."""
+    global _settings
+    with _lock:
+        _settings = Settings()
 
 
 def configure(

@@ -86,7 +86,7 @@ def client(backend: Backend) -> Iterator[redis.Redis]:
             c.flushdb()
         finally:
             c.close()
-        _config.configure(prefix="distlock:", lease=30.0, renew_interval=10.0, wait_cap=2.0)
+        _config.reset_settings()
         _wait_threads_gone(before)
 
 

@@ -19,12 +19,13 @@ local function next_token(fence_key)
   return token
 end
 
--- held_reply(key): the reply "someone else holds it": -(pttl + 1), where pttl is the
--- holder's remaining lease in ms, 0 when unknown (no expiry). Always <= -1. A lease about to
--- run out (PTTL 0: under 1 ms left) is reported as 1 ms, not as unknown, so that its waiter
--- tries again at once instead of sleeping the whole wait cap.
-local function held_reply(key)
-  local pttl = redis.call('pttl', key)
+-- held_reply(key, pttl): the reply "someone else holds it": -(pttl + 1), where pttl is the
+-- holder's remaining lease in ms (read here unless the caller already has it), 0 when unknown
+-- (no expiry). Always <= -1. A lease about to run out (PTTL 0: under 1 ms left) is reported
+-- as 1 ms, not as unknown, so that its waiter tries again at once instead of sleeping the
+-- whole wait cap.
+local function held_reply(key, known_pttl)
+  local pttl = known_pttl or redis.call('pttl', key)
   if pttl < 0 then pttl = 0 elseif pttl == 0 then pttl = 1 end
   return -(pttl + 1)
 end
@@ -41,11 +42,10 @@ local function now_ms()
 end
 
 -- register_waiter(queue, channel, ms): (re)enter a process' channel, at the back, for ms.
+-- Every entry gets the same lease, so the newest one ends last and the registry's TTL is ms.
 local function register_waiter(queue, channel, ms)
   redis.call('zadd', queue, now_ms() + ms, channel)
-  if redis.call('pttl', queue) < ms then
-    redis.call('pexpire', queue, ms)
-  end
+  redis.call('pexpire', queue, ms)
 end
 
 -- wake_one(queue): hint the longest-registered live waiting process, and take it off the

@@ -30,13 +30,17 @@ if mode ~= '' and mode ~= 'w' then
   return tonumber(mode)
 end
 -- One EXISTS answers the uncontended case: neither a hold nor anyone registered as waiting.
+-- Otherwise PTTL tells whether the lock is held (-2: no such key) and, if so, for how long.
 local present = redis.call('exists', KEYS[1], KEYS[3])
-if present > 0 and redis.call('exists', KEYS[1]) == 1 then
-  if mode == 'w' then
-    register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
+if present > 0 then
+  local pttl = redis.call('pttl', KEYS[1])
+  if pttl ~= -2 then
+    if mode == 'w' then
+      register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
+    end
+    redis.call('hset', KEYS[1], ':w', 1)
+    return held_reply(KEYS[1], pttl)
   end
-  redis.call('hset', KEYS[1], ':w', 1)
-  return held_reply(KEYS[1])
 end
 local token = string.format('%.0f', next_token(KEYS[2]))
 if present > 0 then
