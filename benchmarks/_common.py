@@ -567,3 +567,89 @@ _T0 = time.monotonic()
 def eprint(*args: Any) -> None:
     """Progress messages, stamped with seconds since start, go to stderr (stdout: the table)."""
     print(f"[{time.monotonic() - _T0:6.1f} s]", *args, file=sys.stderr, flush=True)
+
+
+# --- the command line every benchmark file shares --------------------------------------------
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line option that overrides one field of a file's knobs."""
+
+    flag: str
+    field: str
+    type: Callable[[str], Any]
+    minimum: float
+    help: str
+
+
+def _version(dist: str) -> Optional[str]:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def bench_main(argv: Optional[List[str]], *, doc: Optional[str], title: str,
+               figures: Sequence[str], full: Any, quick: Any, options: Sequence[Option],
+               run: Callable[[Any, str, Any, List[str]], List[Row]],
+               versions: Sequence[Tuple[str, str]] = ()) -> int:
+    """Parse ``[figure ...] [--quick] [--json PATH] [options]``, start one private server, call
+    ``run(client, url, knobs, chosen figures)`` and print its rows as a table (and JSON).
+
+    ``versions`` are (label, distribution) pairs reported with the run, e.g. the peers.
+    """
+    import argparse
+    import os
+    import platform
+    from dataclasses import replace
+
+    import distlock
+    from distlock._session import reset_sessions
+
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("figures", nargs="*", metavar="figure",
+                        help=f"figures to run (default: all): {', '.join(figures)}")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (< 60 s)")
+    parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
+    for option in options:
+        parser.add_argument(option.flag, type=option.type, help=option.help)
+    args = parser.parse_args(argv)
+    unknown = [f for f in args.figures if f not in figures]
+    if unknown:
+        parser.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(figures)}")
+    chosen = [f for f in figures if f in args.figures] if args.figures else list(figures)
+    knobs = quick if args.quick else full
+    for option in options:
+        value = getattr(args, option.flag.lstrip("-").replace("-", "_"))
+        if value:
+            knobs = replace(knobs, **{option.field: max(option.minimum, value)})
+
+    started = time.monotonic()
+    server = start_server()
+    client = connect(server.url)
+    try:
+        labels = {label: _version(dist) for label, dist in versions}
+        meta: Dict[str, Any] = {
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+            "figures": chosen, "quick": args.quick, "knobs": knobs.__dict__,
+            "python": platform.python_version(), "platform": platform.platform(),
+            "cpus": os.cpu_count(), "distlock": distlock.__version__,
+            **{label.replace("-", "_"): v for label, v in labels.items()},
+            **server_meta(client),
+        }
+        rows = run(client, server.url, knobs, chosen)
+    finally:
+        client.close()
+        reset_sessions()
+        server.stop()
+    meta["seconds"] = round(time.monotonic() - started, 1)
+    peers = "".join(f"{label} {v}, " for label, v in labels.items())
+    print(f"{title}: redis {meta['redis_version']}, {peers}Python {meta['python']}, "
+          f"{meta['cpus']} CPUs; {meta['seconds']} s"
+          f"{' (--quick: numbers are not meaningful)' if args.quick else ''}")
+    print(format_table(rows))
+    if args.json:
+        write_json(args.json, meta, rows)
+    return 0

@@ -24,14 +24,12 @@ Figures: floor, wake, idle (default: all). The table goes to stdout, progress to
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import random
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -290,57 +288,26 @@ def idle(client: Any, url: str, k: Knobs) -> List[C.Row]:
 
 # --- main -----------------------------------------------------------------------------------------
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("figures", nargs="*", metavar="figure",
-                        help=f"figures to run (default: all): {', '.join(FIGURES)}")
-    parser.add_argument("--quick", action="store_true", help="a short smoke run (< 60 s)")
-    parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
-    parser.add_argument("--samples", type=int, help="wake: samples per candidate (default 200; quick 10)")
-    parser.add_argument("--idle-window", type=float, help="idle: seconds measured (default 30; quick 3)")
-    args = parser.parse_args(argv)
-    unknown = [f for f in args.figures if f not in FIGURES]
-    if unknown:
-        parser.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
-    figures = [f for f in FIGURES if f in args.figures] if args.figures else list(FIGURES)
-    knobs = QUICK if args.quick else FULL
-    if args.samples:
-        knobs = replace(knobs, samples=max(1, args.samples))
-    if args.idle_window:
-        knobs = replace(knobs, idle_window_s=max(0.5, args.idle_window))
-
-    started = time.monotonic()
+def _run(client: Any, url: str, knobs: Knobs, figures: List[str]) -> List[C.Row]:
     rows: List[C.Row] = []
-    server = C.start_server()
-    client = C.connect(server.url)
-    try:
-        meta: Dict[str, Any] = {
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-            "figures": figures, "quick": args.quick, "knobs": knobs.__dict__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "distlock": distlock.__version__, **C.server_meta(client),
-        }
-        if "floor" in figures:
-            rows += floor(client, knobs)
-        if "wake" in figures:
-            rows += wake(client, server.url, knobs, with_hop="floor" in figures)
-        if "idle" in figures:
-            rows += idle(client, server.url, knobs)
-    finally:
-        client.close()
-        from distlock._session import reset_sessions
+    if "floor" in figures:
+        rows += floor(client, knobs)
+    if "wake" in figures:
+        rows += wake(client, url, knobs, with_hop="floor" in figures)
+    if "idle" in figures:
+        rows += idle(client, url, knobs)
+    return rows
 
-        reset_sessions()
-        server.stop()
-    meta["seconds"] = round(time.monotonic() - started, 1)
-    print(f"distlock DistCondition benchmarks: redis {meta['redis_version']}, Python {meta['python']}, "
-          f"{meta['cpus']} CPUs; {meta['seconds']} s"
-          f"{' (--quick: numbers are not meaningful)' if args.quick else ''}")
-    print(C.format_table(rows))
-    if args.json:
-        C.write_json(args.json, meta, rows)
-    return 0
 
+def main(argv: Optional[List[str]] = None) -> int:
+    return C.bench_main(
+        argv, doc=__doc__, title="distlock DistCondition benchmarks", figures=FIGURES, full=FULL,
+        quick=QUICK,
+        options=(C.Option("--samples", "samples", int, 1,
+                          "wake: samples per candidate (default 200; quick 10)"),
+                 C.Option("--idle-window", "idle_window_s", float, 0.5,
+                          "idle: seconds measured (default 30; quick 3)")),
+        run=_run)
 
 
 if __name__ == "__main__":

@@ -20,21 +20,17 @@ stderr. ``--quick`` is a short smoke run whose numbers mean little.
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
 import os
-import platform
 import random
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``distlock`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import distlock  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
 from distlock import DistReadWriteLock, DistRLock  # noqa: E402
 from distlock._config import settings  # noqa: E402
@@ -284,65 +280,26 @@ def _reader_worker(url: str, factory: C.LockFactory, name: str, conn: Connection
 
 # --- main -----------------------------------------------------------------------------------------
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def _run(client: Any, url: str, knobs: Knobs, figures: List[str]) -> List[C.Row]:
+    ctx = Ctx(client, url, knobs)
+    rows: List[C.Row] = []
+    if "uncontended" in figures:
+        rows += uncontended(ctx)
+    if "handoff" in figures:
+        rows += handoff(ctx)
+    if "throughput" in figures:
+        rows += throughput(ctx)
+    return rows
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("figures", nargs="*", metavar="figure",
-                        help=f"figures to run (default: all): {', '.join(FIGURES)}")
-    parser.add_argument("--quick", action="store_true", help="a short smoke run (< 60 s)")
-    parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
-    parser.add_argument("--rounds", type=int, help="uncontended: rounds (default 20; quick 3)")
-    parser.add_argument("--ops", type=int, help="uncontended: ops per candidate per round (200; quick 20)")
-    args = parser.parse_args(argv)
-    unknown = [f for f in args.figures if f not in FIGURES]
-    if unknown:
-        parser.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
-    figures = [f for f in FIGURES if f in args.figures] if args.figures else list(FIGURES)
-    knobs = QUICK if args.quick else FULL
-    if args.rounds:
-        knobs = replace(knobs, rounds=max(1, args.rounds))
-    if args.ops:
-        knobs = replace(knobs, ops=max(1, args.ops))
-
-    started = time.monotonic()
-    rows: List[C.Row] = []
-    server = C.start_server()
-    client = C.connect(server.url)
-    try:
-        ctx = Ctx(client, server.url, knobs)
-        meta: Dict[str, Any] = {
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-            "figures": figures, "quick": args.quick, "knobs": knobs.__dict__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "redis_py": _version("redis"), "distlock": distlock.__version__,
-            **C.server_meta(client),
-        }
-        if "uncontended" in figures:
-            rows += uncontended(ctx)
-        if "handoff" in figures:
-            rows += handoff(ctx)
-        if "throughput" in figures:
-            rows += throughput(ctx)
-    finally:
-        client.close()
-        from distlock._session import reset_sessions
-
-        reset_sessions()
-        server.stop()
-    meta["seconds"] = round(time.monotonic() - started, 1)
-    print(f"DistReadWriteLock benchmarks: redis {meta['redis_version']}, redis-py {meta['redis_py']}, "
-          f"Python {meta['python']}, {meta['cpus']} CPUs; {meta['seconds']} s"
-          f"{' (--quick: numbers are not meaningful)' if args.quick else ''}")
-    print(C.format_table(rows))
-    if args.json:
-        C.write_json(args.json, meta, rows)
-    return 0
+    return C.bench_main(
+        argv, doc=__doc__, title="DistReadWriteLock benchmarks", figures=FIGURES, full=FULL,
+        quick=QUICK,
+        options=(C.Option("--rounds", "rounds", int, 1, "uncontended: rounds (default 20; quick 3)"),
+                 C.Option("--ops", "ops", int, 1,
+                          "uncontended: ops per candidate per round (200; quick 20)")),
+        run=_run, versions=(("redis-py", "redis"),))
 
 
 if __name__ == "__main__":

@@ -28,20 +28,17 @@ little.
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import random
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Callable, Dict, List, Optional
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``distlock`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import distlock  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
 from distlock import (  # noqa: E402
     DistBarrier,
@@ -312,58 +309,27 @@ def barrier(client: Any, url: str, k: Knobs) -> List[C.Row]:
 
 # --- main -----------------------------------------------------------------------------------------
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("figures", nargs="*", metavar="figure",
-                        help=f"figures to run (default: all): {', '.join(FIGURES)}")
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--json", metavar="PATH", help="also write every figure and sample as JSON")
-    parser.add_argument("--samples", type=int, help="event: samples (default 100; quick 5)")
-    parser.add_argument("--generations", type=int, help="barrier: generations (default 300)")
-    args = parser.parse_args(argv)
-    unknown = [f for f in args.figures if f not in FIGURES]
-    if unknown:
-        parser.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(FIGURES)}")
-    figures = [f for f in FIGURES if f in args.figures] if args.figures else list(FIGURES)
-    knobs = QUICK if args.quick else FULL
-    if args.samples:
-        knobs = replace(knobs, event_samples=max(1, args.samples))
-    if args.generations:
-        knobs = replace(knobs, barrier_generations=max(2, args.generations))
-
-    started = time.monotonic()
+def _run(client: Any, url: str, knobs: Knobs, figures: List[str]) -> List[C.Row]:
     rows: List[C.Row] = []
-    server = C.start_server()
-    client = C.connect(server.url)
-    try:
-        meta: Dict[str, Any] = {
-            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
-            "figures": figures, "quick": args.quick, "knobs": knobs.__dict__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "cpus": os.cpu_count(), "distlock": distlock.__version__, **C.server_meta(client),
-        }
-        if "semaphore" in figures:
-            rows += semaphore(client, knobs)
-        elif "floor" in figures:
-            rows += floor_only(client, knobs)
-        if "event" in figures:
-            rows += event(client, server.url, knobs)
-        if "barrier" in figures:
-            rows += barrier(client, server.url, knobs)
-    finally:
-        client.close()
-        from distlock._session import reset_sessions
+    if "semaphore" in figures:
+        rows += semaphore(client, knobs)
+    elif "floor" in figures:
+        rows += floor_only(client, knobs)
+    if "event" in figures:
+        rows += event(client, url, knobs)
+    if "barrier" in figures:
+        rows += barrier(client, url, knobs)
+    return rows
 
-        reset_sessions()
-        server.stop()
-    meta["seconds"] = round(time.monotonic() - started, 1)
-    print(f"distlock DistSemaphore/DistEvent/DistBarrier benchmarks: redis {meta['redis_version']}, "
-          f"Python {meta['python']}, {meta['cpus']} CPUs; {meta['seconds']} s"
-          f"{' (--quick: numbers are not meaningful)' if args.quick else ''}")
-    print(C.format_table(rows))
-    if args.json:
-        C.write_json(args.json, meta, rows)
-    return 0
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return C.bench_main(
+        argv, doc=__doc__, title="distlock DistSemaphore/DistEvent/DistBarrier benchmarks",
+        figures=FIGURES, full=FULL, quick=QUICK,
+        options=(C.Option("--samples", "event_samples", int, 1, "event: samples (default 100; quick 5)"),
+                 C.Option("--generations", "barrier_generations", int, 2,
+                          "barrier: generations (default 300)")),
+        run=_run)
 
 
 if __name__ == "__main__":
