@@ -20,6 +20,7 @@ from typing import Any, Iterator, Optional
 
 import pytest
 import redis
+from _procs import Children
 
 import distlock
 from distlock import _config
@@ -96,6 +97,16 @@ def url(backend: Backend, client: redis.Redis) -> str:
     if backend.url is None:
         pytest.skip("needs a real redis-server: other processes cannot reach fakeredis")
     return backend.url
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    """Child processes of one test (see tests/_procs.py), joined or killed after it."""
+    made = Children()
+    try:
+        yield made
+    finally:
+        made.close()
 
 
 def _wait_threads_gone(before: set[threading.Thread], timeout: float = 5.0) -> None:

@@ -11,7 +11,6 @@ only as generous bounds; every thread and process is joined (or killed) with a b
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import re
 import signal
@@ -24,13 +23,12 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import _sync_workers
 import pytest
+from _procs import Children, recv
 
 import distlock
 from distlock import DistBoundedSemaphore, DistSemaphore, LockLostError
 from distlock._session import session_for
 from distlock._synclogic import check_sem_acquire_args
-
-SPAWN = multiprocessing.get_context("spawn")
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 20.0
@@ -560,44 +558,6 @@ def test_expired_holder_wakes_waiters(client: Any) -> None:
 
 
 # --- across processes ---------------------------------------------------------------------------
-
-class Children:
-    def __init__(self) -> None:
-        self.procs: List[Any] = []
-        self.conns: List[Any] = []
-
-    def start(self, target: Callable[..., None], *args: Any) -> Any:
-        parent, child = SPAWN.Pipe()
-        proc = SPAWN.Process(target=target, args=(*args, child), daemon=True)
-        proc.start()
-        child.close()
-        self.procs.append(proc)
-        self.conns.append(parent)
-        return parent
-
-    def close(self) -> None:
-        for conn in self.conns:
-            conn.close()
-        for proc in self.procs:
-            proc.join(10.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(10.0)
-
-
-@pytest.fixture
-def children() -> Iterator[Children]:
-    made = Children()
-    try:
-        yield made
-    finally:
-        made.close()
-
-
-def recv(conn: Any, timeout: float = 60.0) -> Any:
-    assert conn.poll(timeout), f"no message within {timeout} s"
-    return conn.recv()
-
 
 @pytest.mark.real_redis
 @pytest.mark.slow
