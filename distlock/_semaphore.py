@@ -75,7 +75,8 @@ class DistSemaphore:
     ``threading``'s. A permit a process takes and never gives back comes back when that process
     ends: a DistSemaphore counts what is in use, it does not hand tokens between processes.
 
-    **The value.** The first use of a name records its value in Redis; using it with another
+    **The value.** An integer from 0 to 2**53 - 1 (the largest count Redis keeps exactly;
+    above it, OverflowError). The first use of a name records its value in Redis; using it with another
     value while it is recorded raises ValueError naming the recorded one. The check is made
     by the scripts, at the first ``acquire()`` or ``release()``, not by the constructor (which
     does no I/O). A semaphore at rest (nothing held, count not raised) leaves nothing in
@@ -166,7 +167,8 @@ class DistSemaphore:
 
         Any thread, in any process, may release; see the class for which permits are given
         back. Waiters are woken, up to ``n`` per process. ``n`` below 1 raises ValueError
-        ("n must be one or more"), as in ``threading``.
+        ("n must be one or more"), as in ``threading``; a fraction raises TypeError, and ``n``
+        above 2**53 - 1 (the largest count Redis keeps exactly) raises OverflowError.
 
         Raise ValueError when the semaphore is in use with another value, and LockLostError (a
         RuntimeError) when permits this process held had been lost before the release (their

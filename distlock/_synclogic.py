@@ -20,7 +20,7 @@ from ._logic import Keys, lease_ms
 __all__ = [
     "SemKeys", "EventKeys", "BarrierKeys",
     "check_sem_value", "check_sem_acquire_args", "check_release_n", "check_parties",
-    "check_barrier_timeout", "check_action",
+    "check_barrier_timeout", "check_action", "MAX_PERMITS",
     "permit_id", "entry_ms", "broken_keep_ms",
     "sem_repr", "event_repr", "barrier_repr",
     "value_mismatch", "parties_mismatch", "TOO_MANY_RELEASES",
@@ -143,14 +143,22 @@ class BarrierKeys:
 
 # --- argument checks ------------------------------------------------------------------------
 
+#: The largest count a semaphore keeps: Redis scores and Lua numbers are doubles, exact up to
+#: 2**53, and a larger count would overflow the scripts' integer replies.
+MAX_PERMITS = 2 ** 53 - 1
+
+
 def check_sem_value(value: object) -> int:
     """A semaphore's initial value: ``threading``'s check first (``value < 0`` raises
     ValueError, a value that cannot be compared raises its TypeError), then it must be an
     integer: a count of permits kept in Redis (``threading`` would take 2.5; distlock raises
-    TypeError)."""
+    TypeError), at most ``MAX_PERMITS`` (OverflowError)."""
     if value < 0:  # type: ignore[operator]  # TypeError for non-numbers, as threading
         raise ValueError("semaphore initial value must be >= 0")
-    return operator.index(value)  # type: ignore[arg-type]
+    count = operator.index(value)  # type: ignore[arg-type]
+    if count > MAX_PERMITS:
+        raise OverflowError(f"semaphore initial value must be at most 2**53 - 1, not {count}")
+    return count
 
 
 def check_sem_acquire_args(blocking: object, timeout: object) -> Tuple[bool, Optional[float]]:
@@ -197,7 +205,10 @@ def check_release_n(n: object) -> int:
     anything)."""
     if n < 1:  # type: ignore[operator]
         raise ValueError("n must be one or more")
-    return operator.index(n)  # type: ignore[arg-type]
+    count = operator.index(n)  # type: ignore[arg-type]
+    if count > MAX_PERMITS:
+        raise OverflowError(f"n must be at most 2**53 - 1, not {count}")
+    return count
 
 
 def check_parties(parties: object) -> int:

@@ -129,6 +129,38 @@ def primitive(name: str) -> Primitive:
     return PRIMITIVES[name]
 
 
+#: The counting primitives (permits with leases, no fencing tokens): not in ``PRIMITIVES``,
+#: whose scenarios need a token. tests/test_faults_sync.py runs the scenarios that apply.
+SEMAPHORES = [k for k in ("DistSemaphore", "DistBoundedSemaphore") if hasattr(distlock, k)]
+
+
+class _PermitAsLock:
+    """A semaphore seen by a holder process as a lock: acquire takes one permit, release gives
+    one back, ``owned()`` tells whether this process still holds one it took, ``token`` is
+    always None (a semaphore has no fencing token)."""
+
+    token = None
+
+    def __init__(self, sem: Any) -> None:
+        self.sem = sem
+        self.acquire = sem.acquire
+        self.release = sem.release
+        self.on_lost = sem.on_lost
+
+    def owned(self) -> bool:
+        holds = self.sem._session().holds
+        return any(key == self.sem._keys.sem and not hold.lost
+                   for (key, _owner), hold in list(holds.items()))
+
+
+def make_holdable(kind: str, name: str, client: Any, lease: Optional[float],
+                  value: int = 1) -> Any:
+    """A lock-like object of ``kind``: an entry of ``PRIMITIVES`` or of ``SEMAPHORES``."""
+    if kind in SEMAPHORES:
+        return _PermitAsLock(getattr(distlock, kind)(name, value, client=client, lease=lease))
+    return PRIMITIVES[kind].make(name, client, lease)
+
+
 # --- Redis helpers --------------------------------------------------------------------------
 
 
@@ -513,15 +545,17 @@ class FencedResource:
 
 
 def _holder_main(url: str, kind: str, name: str, lease: Optional[float],
-                 settings: Dict[str, float], commands: Any, events: Any) -> None:
-    """A holder process: acquire, report, then obey commands until told to exit (or 60 s)."""
+                 settings: Dict[str, float], commands: Any, events: Any, value: int = 1) -> None:
+    """A holder process: acquire, report, then obey commands until told to exit (or 60 s).
+    ``value`` is a semaphore's (``kind`` in ``SEMAPHORES``)."""
     if settings:
         distlock.configure(**settings)  # type: ignore[arg-type]
     client = redis.Redis.from_url(url)
-    lock = PRIMITIVES[kind].make(name, client, lease)
+    lock = make_holdable(kind, name, client, lease, value)
     lock.on_lost(lambda _lock: events.put(("on_lost", time.monotonic())))
     acquired = lock.acquire(timeout=30)
-    events.put(("acquired", lock.token if acquired else None, time.monotonic(), os.getpid()))
+    events.put(("acquired", lock.token if acquired else None, time.monotonic(), os.getpid(),
+                bool(acquired)))
     for _ in range(1000):
         try:
             command = commands.get(timeout=60)
@@ -548,14 +582,15 @@ class Holder:
     """A holder process of one primitive; driven by the test, always cleaned up."""
 
     def __init__(self, url: str, kind: str, name: str, lease: Optional[float] = None,
-                 settings: Optional[Dict[str, float]] = None) -> None:
+                 settings: Optional[Dict[str, float]] = None, value: int = 1) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.commands = ctx.Queue()
         self.events = ctx.Queue()
         self.pending: List[Tuple[Any, ...]] = []
         self.process = ctx.Process(
             target=_holder_main, name=f"holder-{kind}-{name}",
-            args=(url, kind, name, lease, dict(settings or {}), self.commands, self.events),
+            args=(url, kind, name, lease, dict(settings or {}), self.commands, self.events,
+                  value),
             daemon=True)
         self.process.start()
         self.stopped = False
@@ -678,6 +713,57 @@ def start_checkers(url: str, kind: str, name: str, processes: int, holds: int,
         proc = ctx.Process(
             target=_checker_main, name=f"checker-{i}",
             args=(url, kind, name, holds, lease, settings, resource, 1000 + i,
+                  os.path.join(out_dir, f"intervals-{i}.txt"), start_at),
+            daemon=True)
+        proc.start()
+        procs.append(proc)
+    return procs
+
+
+def _permit_checker_main(url: str, kind: str, name: str, holds: int,
+                         settings: Dict[str, float], seed: int, out_path: str,
+                         start_at: float) -> None:
+    """``_checker_main`` for a semaphore of value 1 (no token: lines carry token 0): ``holds``
+    short holds with random sleeps, each interval taken after acquire() returned and ended
+    before release() is called."""
+    import random
+
+    if settings:
+        distlock.configure(**settings)  # type: ignore[arg-type]
+    rng = random.Random(seed)
+    sem = getattr(distlock, kind)(name, 1, client=redis.Redis.from_url(url))
+    while time.monotonic() < start_at:
+        time.sleep(0.005)
+    deadline = time.monotonic() + 120.0
+    with open(out_path, "w") as out:
+        for _ in range(holds):
+            if time.monotonic() > deadline:
+                break
+            if not sem.acquire(timeout=60):
+                out.write("0 0 0 timeout\n")
+                continue
+            start = time.monotonic()
+            time.sleep(rng.random() * 0.002)
+            end = time.monotonic()
+            try:
+                sem.release()
+                outcome = "ok"
+            except distlock.LockLostError:
+                outcome = "LockLostError"
+            out.write(f"{start:.6f} {end:.6f} 0 {outcome}\n")
+            out.flush()
+            time.sleep(rng.random() * 0.002)
+
+
+def start_permit_checkers(url: str, kind: str, name: str, processes: int, holds: int,
+                          settings: Dict[str, float], out_dir: str) -> List[Any]:
+    ctx = multiprocessing.get_context("spawn")
+    start_at = time.monotonic() + 3.0  # let every process import and connect first
+    procs = []
+    for i in range(processes):
+        proc = ctx.Process(
+            target=_permit_checker_main, name=f"permit-checker-{i}",
+            args=(url, kind, name, holds, settings, 2000 + i,
                   os.path.join(out_dir, f"intervals-{i}.txt"), start_at),
             daemon=True)
         proc.start()

@@ -140,10 +140,94 @@ def _condition_workload(client: Any, cond: Any, make: Any, name: str) -> None:
     assert len(woke) == 2
 
 
+def sync_workload(client: Any, tag: str) -> None:
+    """Every operation of DistSemaphore, DistBoundedSemaphore, DistEvent and DistBarrier: free
+    and contended acquires with their waits, watchdog renewals, explicit leases (one that runs
+    out, whose release finds it lost), a release on another holder's behalf, a count raised
+    above the value, a value mismatch (which reads the recorded value); an event's wait, set,
+    is_set, clear; a barrier's trips with an action (a waiting party's lease renewed), a
+    timeout that breaks it, abort, reset, n_waiting, broken."""
+    if not all(hasattr(distlock, k) for k in ("DistSemaphore", "DistBoundedSemaphore",
+                                              "DistEvent", "DistBarrier")):
+        return
+    sem_name, ev_name, bar_name = f"sec-{tag}-sem", f"sec-{tag}-ev", f"sec-{tag}-bar"
+    for cls in (distlock.DistSemaphore, distlock.DistBoundedSemaphore):
+        name = f"{sem_name}-{cls.__name__}"
+        sem = cls(name, 2, client=client)
+        assert sem.acquire(timeout=5) and sem.acquire(timeout=5)
+        got: List[bool] = []
+
+        def contend(cls: Any = cls, name: str = name, got: List[bool] = got) -> None:
+            other = cls(name, 2, client=client)
+            ok = other.acquire(timeout=10)
+            got.append(ok)
+            if ok:
+                other.release()
+
+        waiter = threading.Thread(target=contend)
+        waiter.start()
+        time.sleep(0.4)  # the waiter queues; watchdog renewals (every 0.15 s)
+        sem.release()
+        waiter.join(15)
+        assert got == [True]
+        sem.release()
+        assert sem.acquire(blocking=False)
+        with pytest.raises(ValueError, match="created with value 2"):  # reads the recorded value
+            cls(name, 3, client=client).acquire(blocking=False)
+        sem.release()
+        short = cls(name, 2, client=client, lease=0.5)
+        assert short.acquire(blocking=False)
+        time.sleep(0.6)  # its lease runs out
+        with pytest.raises(distlock.LockLostError):
+            short.release()
+        held = cls(name, 2, client=client, lease=5.0)
+        assert held.acquire(blocking=False)
+        # Another session (another process, as far as distlock knows) holds nothing: its
+        # release gives back the permit held here, on its owner's behalf.
+        stranger = cls(name, 2, client=redis.Redis(connection_pool=client.connection_pool))
+        stranger.release()
+        if cls is distlock.DistSemaphore:
+            stranger.release()  # raises the count above the value: state, for good
+            assert all(stranger.acquire(blocking=False) for _ in range(3))
+            stranger.release(3)
+    event = distlock.DistEvent(ev_name, client=client)
+    woke: List[bool] = []
+    waiter = threading.Thread(target=lambda: woke.append(
+        distlock.DistEvent(ev_name, client=client).wait(10)))
+    waiter.start()
+    time.sleep(0.3)
+    assert event.is_set() is False
+    event.set()
+    waiter.join(15)
+    assert woke == [True] and event.wait(0) is True
+    event.clear()
+    assert event.wait(0.2) is False
+    runs: List[int] = []
+    indices: List[int] = []
+    barrier = distlock.DistBarrier(bar_name, 2, action=lambda: runs.append(1), client=client)
+    for _ in range(2):
+        party = threading.Thread(target=lambda: indices.append(
+            distlock.DistBarrier(bar_name, 2, action=lambda: runs.append(1), client=client).wait(10)))
+        party.start()
+        time.sleep(0.4)  # the party waits; its lease is renewed (every 0.15 s)
+        assert barrier.n_waiting == 1
+        indices.append(barrier.wait(10))
+        party.join(15)
+    assert sorted(indices) == [0, 0, 1, 1] and runs == [1, 1]
+    with pytest.raises(threading.BrokenBarrierError):
+        barrier.wait(0.1)  # a timeout breaks it
+    assert barrier.broken is True
+    barrier.reset()
+    barrier.abort()
+    barrier.reset()
+    assert barrier.broken is False
+
+
 def full_workload(client: Any, admin: Any, tag: str) -> None:
     distlock.configure(lease=0.5, renew_interval=0.15, wait_cap=0.5)
     for kind in KINDS:
         workload(client, kind, tag)
+    sync_workload(client, tag)
     admin.script_flush()  # the NOSCRIPT paths (SCRIPT LOAD, and SCRIPT EXISTS in renewals)
     workload(client, KINDS[0], tag + "-flushed")
     time.sleep(0.6)  # idle channels are unsubscribed (UNSUBSCRIBE_AFTER is patched short)
