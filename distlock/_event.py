@@ -72,7 +72,7 @@ class DistEvent:
         """Set the event: every thread waiting for it, in any process on any host, wakes up.
         Threads that call ``wait()`` while it is set do not block at all. One round trip."""
         keys = self._keys
-        self._session().run("ev_set", (keys.flag, keys.waiters, keys.channel), ())
+        self._session().run("ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken), ())
         self._seen = True
 
     def clear(self) -> None:
@@ -114,6 +114,7 @@ class DistEvent:
             while True:
                 session.sleep(waiter, cfg.wait_cap, deadline.remaining())
                 if waiter.named:  # our id in a set()'s hint: the event was set while we waited
+                    self._consume(session, wid, ms, known)
                     return self._saw(True)
                 last = deadline.expired()
                 reply = self._call(session, wid, "l" if last else "p", ms, known)
@@ -154,7 +155,15 @@ class DistEvent:
     def _call(self, session: Session, wid: str, mode: str, ms: int, known: int) -> int:
         keys = self._keys
         args = (wid, mode, ms) if mode == "j" else (wid, mode, ms, known)
-        return int(session.run("ev_wait", (keys.flag, keys.waiters), args))
+        return int(session.run("ev_wait", (keys.flag, keys.waiters, keys.taken), args))
+
+    def _consume(self, session: Session, wid: str, ms: int, known: int) -> None:
+        """Take our entry out of the set()'s ``taken`` set, so nothing is left behind. The hint
+        already proved the set; if Redis cannot be reached now, the entry expires by itself."""
+        try:
+            self._call(session, wid, "p", ms, known)
+        except redis.RedisError:
+            pass
 
     def _saw(self, flag: bool) -> bool:
         self._seen = flag

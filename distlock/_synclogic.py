@@ -87,9 +87,13 @@ class EventKeys:
 
     - ``flag``: string ``"1"``; it exists exactly while the event is set. An Event is state:
       a set event stays set in Redis, for good, until ``clear()``.
-    - ``waiters``: sorted set, waiter id -> entry deadline (server ms). ``set()`` takes every
-      live entry out and names those waiters in one hint: a waiter whose entry is gone before
-      its deadline knows the event was set while it waited, even if it was cleared since.
+    - ``waiters``: sorted set, waiter id -> entry deadline (server ms). ``set()`` moves every
+      live entry to ``taken`` and names those waiters in one hint: the event was set while they
+      waited, even if it was cleared since.
+    - ``taken``: sorted set, waiter id -> entry deadline: the entries a ``set()`` took, until
+      each waiter has looked (a woken waiter's look takes its own out). A waiter whose entry is
+      gone returns True only when it finds itself here, so a restart that lost the data is
+      never taken for a ``set()``. Gone once the waiters looked, or their deadlines passed.
     - ``channel``: hints ``=id1,id2,...`` naming the waiters a ``set()`` took (``*`` when too
       many to name).
     """
@@ -97,11 +101,13 @@ class EventKeys:
     flag: str
     waiters: str
     channel: str
+    taken: str
 
     @classmethod
     def of(cls, prefix: str, name: str) -> EventKeys:
         keys = Keys(prefix, name)
-        return cls(flag=keys.sub("ev"), waiters=keys.sub("ev:w"), channel=keys.sub("ev:wake"))
+        return cls(flag=keys.sub("ev"), waiters=keys.sub("ev:w"), channel=keys.sub("ev:wake"),
+                   taken=keys.sub("ev:t"))
 
 
 @dataclass(frozen=True)

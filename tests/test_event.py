@@ -221,7 +221,7 @@ def test_a_set_whose_hint_is_lost_still_wakes(client: Any) -> None:
     keys = event._keys
     _until(lambda: client.zcard(keys.waiters) == 2)
     session = session_for(client)
-    assert session.run("ev_set", (keys.flag, keys.waiters, keys.channel + ":nowhere"), ()) == 1
+    assert session.run("ev_set", (keys.flag, keys.waiters, keys.channel + ":nowhere", keys.taken), ()) == 1
     event.clear()
     assert waiters.join() == [True, True]
     assert _keys(client) == []
@@ -230,7 +230,7 @@ def test_a_set_whose_hint_is_lost_still_wakes(client: Any) -> None:
 def test_an_entry_that_ran_out_joins_again(client: Any) -> None:
     event = DistEvent(_name(), client=client)
     session = session_for(client)
-    keys = (event._keys.flag, event._keys.waiters)
+    keys = (event._keys.flag, event._keys.waiters, event._keys.taken)
     deadline = int(session.run("ev_wait", keys, ("w1", "j", 50)))
     assert deadline > 0
     time.sleep(0.1)
@@ -250,7 +250,7 @@ def test_set_at_the_timeout_counts(client: Any) -> None:
     thread.start()
     keys = event._keys
     _until(lambda: client.zcard(keys.waiters) == 1)
-    session_for(client).run("ev_set", (keys.flag, keys.waiters, keys.channel + ":nowhere"), ())
+    session_for(client).run("ev_set", (keys.flag, keys.waiters, keys.channel + ":nowhere", keys.taken), ())
     event.clear()
     thread.join(BOUND)
     assert box == {"ok": True}

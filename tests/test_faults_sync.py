@@ -592,9 +592,6 @@ def test_barrier_party_sigkilled_while_waiting_with_timeouts(client: Any, url: s
 
 
 @pytest.mark.real_redis
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: ev_wait reads an entry missing before its deadline as taken by set(), and a "
-    "restart that lost the data removes it too; fixing it changes what set() leaves in Redis"))
 def test_event_restart_without_set_does_not_wake_waiters(backend: Any, client: Any) -> None:
     """A restart that lost the data is not a set(): the waiters go on waiting and time out
     (False), or raise ConnectionError; none returns True."""

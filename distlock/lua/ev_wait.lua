@@ -1,20 +1,23 @@
 -- A waiter joins an event's waiters, looks whether it may return, or leaves.
 -- KEYS[1]  flag: string '1', exists while the event is set
 -- KEYS[2]  waiters: sorted set, waiter id -> entry deadline (server ms)
+-- KEYS[3]  taken: sorted set, the entries a set() took and their waiters have not seen yet
 -- ARGV[1]  waiter id
 -- ARGV[2]  'j' join; 'p' look (and refresh the entry); 'l' leave (the caller's timeout)
 -- ARGV[3]  entry lease, ms ('j', 'p')
 -- ARGV[4]  ('p', 'l') the deadline the caller's last 'j' or 'p' gave its entry
 -- return   -1 when the event is set (the caller's entry, if any, is removed);
---          -2 when a set() took the entry (only set() removes a live entry): the event was set
+--          -2 when a set() took the entry (it is in KEYS[3]; taken out now): the event was set
 --          while the caller waited, even if it is clear now;
---          -3 when the entry ran out before anyone took it (the caller did not look for longer
---          than its lease): it must join again;
+--          -3 when the entry is gone without a set(): it ran out before anyone took it (the
+--          caller did not look for longer than its lease), or the server lost its data; the
+--          caller must join again;
 --          0 when it left ('l');
 --          the entry's deadline (server ms, > 0) after 'j' or 'p'.
 if redis.call('exists', KEYS[1]) == 1 then
   if ARGV[2] ~= 'j' then
     redis.call('zrem', KEYS[2], ARGV[1])
+    redis.call('zrem', KEYS[3], ARGV[1])
   end
   return -1
 end
@@ -34,7 +37,7 @@ if ARGV[2] == 'j' then
 end
 local score = redis.call('zscore', KEYS[2], ARGV[1])
 if not score then
-  if now < tonumber(ARGV[4]) then
+  if redis.call('zrem', KEYS[3], ARGV[1]) == 1 then
     return -2
   end
   return -3
