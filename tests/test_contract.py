@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+from _support import outcome
 
 from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
 
@@ -125,14 +126,6 @@ def held_by_another_thread(lock: Any) -> Iterator[None]:
     assert not thread.is_alive()
     if "error" in box:
         raise box["error"]
-
-
-def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
-    """('ok', value) or (exception type name, message): what a call did, for comparison."""
-    try:
-        return "ok", fn()
-    except Exception as exc:  # noqa: BLE001
-        return type(exc).__name__, str(exc)
 
 
 def is_locked(lock: Any) -> bool:

@@ -13,40 +13,23 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List
 
 import _sync_workers
 import pytest
 from _procs import Children, recv
+from _support import BOUND, outcome
+from _support import distlock_keys as _keys
+from _support import until as _until
 
 import distlock
 from distlock import DistEvent
 from distlock._session import session_for
 from distlock._synclogic import EV_EXPIRED, EV_TAKEN
 
-BOUND = 20.0
-
 
 def _name(prefix: str = "ev") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def _keys(client: Any) -> List[str]:
-    return sorted(k.decode() for k in client.scan_iter(match="distlock:*", count=1000))
-
-
-def _until(check: Callable[[], Any], bound: float = BOUND) -> None:
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached within the bound"
-        time.sleep(0.02)
-
-
-def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
-    try:
-        return "ok", fn()
-    except Exception as exc:  # noqa: BLE001
-        return type(exc).__name__, str(exc)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -24,41 +24,23 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import _sync_workers
 import pytest
 from _procs import Children, recv
+from _support import BOUND, outcome
+from _support import distlock_keys as _keys
+from _support import until as _until
 
 import distlock
 from distlock import DistBoundedSemaphore, DistSemaphore, LockLostError
 from distlock._session import session_for
 from distlock._synclogic import check_sem_acquire_args
 
-#: The loosest upper bound on anything that should be quick: only a hang fails it.
-BOUND = 20.0
-
 
 def _name(prefix: str = "sem") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-def _keys(client: Any) -> List[str]:
-    return sorted(k.decode() for k in client.scan_iter(match="distlock:*", count=1000))
-
-
 def _permits(client: Any, sem: Any) -> List[Tuple[bytes, float]]:
     """The permits held on ``sem`` (without its counters), by lease deadline."""
     return client.zrangebyscore(sem._keys.sem, 0, "+inf", withscores=True)
-
-
-def _until(check: Callable[[], Any], bound: float = BOUND) -> None:
-    deadline = time.monotonic() + bound
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached within the bound"
-        time.sleep(0.02)
-
-
-def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
-    try:
-        return "ok", fn()
-    except Exception as exc:  # noqa: BLE001
-        return type(exc).__name__, str(exc)
 
 
 # --- semaphore types --------------------------------------------------------------------------
