@@ -80,13 +80,15 @@ class Waiter:
     sets their ``named`` (it stays set: the primitive that published it may treat it as news).
     """
 
-    __slots__ = ("event", "channel", "ident", "named")
+    __slots__ = ("event", "channel", "ident", "named", "hinted")
 
     def __init__(self, channel: _Channel, ident: Optional[str] = None) -> None:
         self.event = threading.Event()
         self.channel = channel
         self.ident = ident
         self.named = False
+        #: a hint (or a hand-over) asked this waiter to try again; set only under _mutex
+        self.hinted = False
 
 
 class _Channel:
@@ -345,6 +347,10 @@ class Session:
                 pass
             if was_head and not acquired:
                 self._wake(chan, 1)
+            elif was_head and chan.waiters:
+                # Promote the new head without a try: it goes back to sleep with the head's
+                # short bound instead of the long one it fell asleep with (see sleep()).
+                chan.waiters[0].event.set()
             chan.refs -= 1
             if chan.refs == 0:
                 chan.idle_since = time.monotonic()
@@ -353,15 +359,24 @@ class Session:
     def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> None:
         """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
         this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
-        the head's place (and a wake-up) in order. ``limit`` (e.g. the caller's time left)
-        caps either bound."""
+        the head's place in order: a head that leaves without the lock hands a wake-up on, and
+        one that leaves with it promotes the next, which then sleeps out the head's bound.
+        ``limit`` (e.g. the caller's time left) caps either bound."""
         chan = waiter.channel
-        bound = head_bound
-        if not (chan.waiters and chan.waiters[0] is waiter):
-            bound = head_bound * settings().queue_cap_factor
-        if limit is not None:
-            bound = min(bound, limit)
-        waiter.event.wait(bound)
+        started = time.monotonic()
+        while not waiter.hinted:
+            bound = head_bound
+            if not (chan.waiters and chan.waiters[0] is waiter):
+                bound = head_bound * settings().queue_cap_factor
+            if limit is not None:
+                bound = min(bound, limit)
+            left = bound - (time.monotonic() - started)
+            if left <= 0:
+                break
+            waiter.event.wait(left)
+            waiter.event.clear()  # a promotion (the head left) only re-reads the bound
+        with self._mutex:
+            waiter.hinted = False
         waiter.event.clear()
 
     def _wake(self, chan: _Channel, n: Optional[int]) -> None:
@@ -369,7 +384,8 @@ class Session:
         for waiter in chan.waiters:
             if n is not None and n <= 0:
                 break
-            if not waiter.event.is_set():
+            if not waiter.hinted:
+                waiter.hinted = True
                 waiter.event.set()
                 if n is not None:
                     n -= 1
@@ -447,6 +463,7 @@ class Session:
                     for waiter in chan.waiters:
                         if waiter.ident is not None and waiter.ident in idents:
                             waiter.named = True
+                            waiter.hinted = True
                             waiter.event.set()
                 else:
                     self._wake(chan, wake_count(data))
