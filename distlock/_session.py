@@ -27,7 +27,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tu
 
 import redis
 
-from ._clients import bounded, renewer
+from ._clients import bounded, direct_executor, renewer
 from ._config import Settings, settings
 from ._scripts import script_names, script_source
 
@@ -137,7 +137,7 @@ class Session:
         self.info = f"{socket.gethostname()}:{os.getpid()}"
         self.pid = os.getpid()
         self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
-        self._execute: Callable[..., Any] = client.execute_command
+        self._execute: Callable[..., Any] = direct_executor(client)
         self._mutex = threading.Lock()
         #: Tries by queued waiters go through these slots, so that a crowd of waiters woken at
         #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
