@@ -22,6 +22,7 @@ import redis
 from ._config import ClientArg, check_client, resolve_client, settings
 from ._errors import LockLostError, LockNotOwnedError
 from ._logic import (
+    Backoff,
     Deadline,
     Keys,
     check_acquire_args,
@@ -186,18 +187,29 @@ class _LockBase:
         # with the lock, so that a release wakes one waiting process, not every subscriber.
         waiter = session.join(self._keys.waiter_channel(session.id), deadline.remaining())
         acquired = False
+        backoff = Backoff()
+        mode = "w"
         try:
             while True:
                 with session.retry_slots:
                     sent_at = time.monotonic()
-                    reply = self._call_acquire(session, owner, ms, count, "w", waiter)
+                    reply = self._call_acquire(session, owner, ms, count, mode, waiter)
                 if reply > 0:
                     self._grant(session, owner, reply, count, watchdog, ms, sent_at)
                     acquired = True
                     return True
                 if deadline.expired():
                     return False
-                session.sleep(waiter, deadline.sleep_bound(-reply - 1, cap), deadline.remaining())
+                bound = deadline.sleep_bound(-reply - 1, cap)
+                if mode == "p":
+                    # Lost the race that a hint started (someone took the lock first): sleep
+                    # unregistered, so that no release wakes this process meanwhile.
+                    bound = min(bound, backoff.lost())
+                    session.sleep(waiter, bound, deadline.remaining())
+                    mode = "w"
+                else:
+                    hinted = session.sleep(waiter, bound, deadline.remaining())
+                    mode = "p" if hinted else "w"
         finally:
             if session.leave(waiter, acquired) and not acquired:
                 self._unregister(session, waiter)

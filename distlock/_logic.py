@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import _thread
 import math
+import random
 import time
 from typing import Optional, Tuple
 
@@ -183,6 +184,31 @@ class Keys:
 
 
 # --- deadlines ------------------------------------------------------------------------------
+
+class Backoff:
+    """How long a waiter that lost a race stays out of the waiting registry.
+
+    A hint wakes a waiter when the lock is released, but under steady contention the releasing
+    process often takes the lock again before the woken waiter's try arrives. A waiter that
+    keeps answering hints it then loses only costs everyone round trips (the holder's script
+    runs queue behind its tries), so after each such loss it sleeps unregistered (no release
+    wakes it) for ``first`` seconds, doubling with every further loss up to ``most``, with
+    jitter so that several losers do not come back together; then it registers again. A lone
+    waiter never loses a race and so never backs off: its handoff stays one hint long.
+    """
+
+    __slots__ = ("_next", "_most")
+
+    def __init__(self, first: float = 0.002, most: float = 0.1) -> None:
+        self._next = first
+        self._most = most
+
+    def lost(self) -> float:
+        """The next backoff, in seconds (between half and all of the current step)."""
+        step = self._next
+        self._next = min(step * 2.0, self._most)
+        return step * random.uniform(0.5, 1.0)
+
 
 class Deadline:
     """A point on ``time.monotonic()``'s clock, or none at all (wait forever)."""

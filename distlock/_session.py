@@ -356,12 +356,13 @@ class Session:
                 chan.idle_since = time.monotonic()
             return not chan.waiters
 
-    def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> None:
+    def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
         """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
         this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
         the head's place in order: a head that leaves without the lock hands a wake-up on, and
         one that leaves with it promotes the next, which then sleeps out the head's bound.
-        ``limit`` (e.g. the caller's time left) caps either bound."""
+        ``limit`` (e.g. the caller's time left) caps either bound. Return True when a hint
+        (not the bound) ended the sleep."""
         chan = waiter.channel
         started = time.monotonic()
         while not waiter.hinted:
@@ -376,8 +377,10 @@ class Session:
             waiter.event.wait(left)
             waiter.event.clear()  # a promotion (the head left) only re-reads the bound
         with self._mutex:
+            hinted = waiter.hinted
             waiter.hinted = False
         waiter.event.clear()
+        return hinted
 
     def _wake(self, chan: _Channel, n: Optional[int]) -> None:
         """Wake the ``n`` oldest waiters not woken yet (all when ``n`` is None). Holds _mutex."""

@@ -441,3 +441,107 @@ def test_renewal_racing_release_is_not_a_lost_lease(client: Any, cls: Any) -> No
         lock.acquire()
         lock.release()
     assert lost == []
+
+
+# --- how scripts are sent --------------------------------------------------------------------------
+
+@pytest.mark.real_redis
+def test_plain_client_scripts_skip_execute_command(client: Any) -> None:
+    """A plain client on redis-py's pool: the session sends its scripts itself (no call goes
+    through execute_command), and a lock works through it."""
+    lock = DistLock("direct", client=client)
+    calls: List[Any] = []
+    real = client.execute_command
+    client.execute_command = lambda *a, **k: (calls.append(a[0]), real(*a, **k))[1]
+    try:
+        with lock:
+            assert client.exists("distlock:{direct}")
+    finally:
+        del client.execute_command
+    assert "EVALSHA" not in calls
+
+
+class _Counting(redis.Redis):  # type: ignore[type-arg]
+    calls = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        type(self).calls += 1
+        return super().execute_command(*args, **options)
+
+
+@pytest.mark.real_redis
+def test_clients_that_need_execute_command_keep_it(url: str) -> None:
+    """A subclass that overrides execute_command, and a single-connection client, get every
+    script through their own execute_command."""
+    sub = _Counting.from_url(url, socket_timeout=5)  # not twinned (see _clients.bounded)
+    single = redis.Redis.from_url(url, single_connection_client=True, socket_timeout=5)
+    try:
+        with DistLock("via-sub", client=sub):
+            pass
+        assert _Counting.calls >= 2
+        with DistRLock("via-single", client=single):
+            assert single.exists("distlock:{via-single}")
+        assert session_for(single)._execute == single.execute_command
+    finally:
+        sub.close()
+        single.close()
+
+
+@pytest.mark.real_redis
+def test_direct_path_recovers_from_a_broken_connection(url: str, client: Any) -> None:
+    """The server drops the session's pooled connections (CLIENT KILL): the next acquire takes
+    a fresh connection from the pool and works; nothing is retried behind the caller's back."""
+    lock = DistRLock("kill-conn", client=client)
+    with lock:
+        pass
+    admin = redis.Redis.from_url(url)
+    try:
+        assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    finally:
+        admin.close()
+    with lock:
+        assert lock.owned()
+    assert client.exists("distlock:{kill-conn}") == 0
+
+
+# --- contention: a waiter that loses races backs off ---------------------------------------------
+
+def test_hinted_try_that_fails_neither_registers_nor_flags(client: Any) -> None:
+    """Mode 'p' (the try that answers a hint): when the lock is taken it leaves no registry
+    entry and no ':w' flag, so no release wakes the backing-off process."""
+    holder = DistLock("backoff-p", client=client)
+    holder.acquire()
+    try:
+        session = session_for(client)
+        keys = holder._keys
+        reply = session.run("lock_acquire", (keys.lock, keys.fence, keys.queue),
+                            ("someone:1", 30000, "h:1", "p", 1, "chan-x", 7000, "0"))
+        assert int(reply) < 0
+        assert not client.exists(keys.queue)
+        assert not client.hexists(keys.lock, ":w")
+        reply = session.run("lock_acquire", (keys.lock, keys.fence, keys.queue),
+                            ("someone:1", 30000, "h:1", "w", 1, "chan-x", 7000, "0"))
+        assert int(reply) < 0
+        assert client.zscore(keys.queue, "chan-x") is not None  # mode 'w' registers
+        assert client.hexists(keys.lock, ":w")
+    finally:
+        holder.release()
+        client.delete(holder._keys.queue)
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("cls", LOCK_TYPES)
+def test_waiters_of_a_hot_lock_get_it_when_it_cools(url: str, client: Any, cls: Any) -> None:
+    """3 processes take the lock back to back (a waiter keeps losing races to the releaser and
+    backs off); the counter stays exact, and a waiter here, competing with them, gets the lock
+    within its timeout: backing off never strands a waiter."""
+    with SPAWN.Pool(3) as pool:
+        result = pool.starmap_async(_workers.count_under_lock,
+                                    [(url, cls.__name__, "hot-lock", "hot-counter", 300, False)] * 3)
+        here = cls("hot-lock", client=client)
+        assert here.acquire(timeout=60)
+        here.release()
+        done = result.get(timeout=120)
+    assert sum(done) == 900
+    assert int(client.get("hot-counter")) == 900
+    client.delete("hot-counter")

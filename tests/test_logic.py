@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distlock._logic import Deadline, Keys, escape_name, lease_ms, unescape_name
+from distlock._logic import Backoff, Deadline, Keys, escape_name, lease_ms, unescape_name
 from distlock._scripts import script_names, script_source
 
 SUFFIXES = ["", ":fence", ":wake"]
@@ -86,3 +86,11 @@ def test_scripts_ship_with_the_package() -> None:
 def test_every_script_compiles_on_the_server(client: Any, name: str) -> None:
     sha = client.script_load(script_source(name))
     assert client.script_exists(sha) == [True]
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
+    backoff = Backoff(first=0.002, most=0.1)
+    steps = [0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.1, 0.1, 0.1]
+    for step in steps:
+        value = backoff.lost()
+        assert step / 2 <= value <= step

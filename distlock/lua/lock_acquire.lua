@@ -6,12 +6,14 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  holder info (host:pid), kept for `distlock status`
--- ARGV[4]  mode: absent or '' for a first try; 'w' for a try by a queued waiter; otherwise
---          the token of the hold the caller believes it has (re-entry)
+-- ARGV[4]  mode: absent or '' for a first try; 'w' for a try by a queued waiter; 'p' for a
+--          queued waiter's try that, when it fails, neither registers the process nor flags the
+--          hold (a waiter backing off after it lost a race: no release wakes it meanwhile);
+--          otherwise the token of the hold the caller believes it has (re-entry)
 -- ARGV[5]  count to add; absent means 1 (the saved count for _acquire_restore())
--- ARGV[6]  mode 'w' only: the waiter's process channel, to register when the try fails
--- ARGV[7]  mode 'w' only: registry entry lease, ms
--- ARGV[8]  mode 'w' only: '1' when other threads of the process still wait after a grant
+-- ARGV[6]  modes 'w'/'p' only: the waiter's process channel, to register when the try fails
+-- ARGV[7]  modes 'w'/'p' only: registry entry lease, ms
+-- ARGV[8]  modes 'w'/'p' only: '1' when other threads of the process still wait after a grant
 -- return   token (> 0) when granted or re-entered;
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(pttl + 1) (<= -1) when someone else holds it, pttl its remaining lease in ms
@@ -19,7 +21,7 @@
 local lease = tonumber(ARGV[2])
 local mode = ARGV[4] or ''
 local count = ARGV[5] or '1'
-if mode ~= '' and mode ~= 'w' then
+if mode ~= '' and mode ~= 'w' and mode ~= 'p' then
   if redis.call('hget', KEYS[1], ':t') ~= mode or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return 0
   end
@@ -38,7 +40,9 @@ if present > 0 then
     if mode == 'w' then
       register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
     end
-    redis.call('hset', KEYS[1], ':w', 1)
+    if mode ~= 'p' then
+      redis.call('hset', KEYS[1], ':w', 1)
+    end
     return held_reply(KEYS[1], pttl)
   end
 end
@@ -49,7 +53,7 @@ if present > 0 then
 else
   redis.call('hset', KEYS[1], ARGV[1], count, ':t', token, ':i', ARGV[3])
 end
-if mode == 'w' then
+if mode == 'w' or mode == 'p' then
   if ARGV[8] == '1' then
     register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
     redis.call('hset', KEYS[1], ':w', 1)
