@@ -11,6 +11,7 @@ meanwhile: ``wait()`` returns True whenever the event was set while it waited.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Any, Optional
@@ -114,7 +115,9 @@ class DistEvent:
             while True:
                 session.sleep(waiter, cfg.wait_cap, deadline.remaining())
                 if waiter.named:  # our id in a set()'s hint: the event was set while we waited
-                    self._consume(session, wid, ms, known)
+                    # Taking our entry out of the set()'s 'taken' set changes nothing we return:
+                    # it runs in the background, so that the wake-up costs no round trip.
+                    session.defer(functools.partial(self._consume, session, wid, ms, known))
                     return self._saw(True)
                 last = deadline.expired()
                 reply = self._call(session, wid, "l" if last else "p", ms, known)

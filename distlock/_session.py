@@ -162,6 +162,9 @@ class Session:
         self.holds: Dict[Tuple[str, str], Hold] = {}
         self._watchdog: Optional[threading.Thread] = None
         self._watchdog_kick = threading.Event()
+        #: clean-up round trips that must not delay the caller (see ``defer``), run by the
+        #: watchdog thread between renewals
+        self._deferred: Deque[Callable[[], object]] = collections.deque()
         self._closed = False
 
     def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
@@ -248,15 +251,40 @@ class Session:
                     target=self._watchdog_loop, name=f"distlock-watchdog-{self.id[:8]}", daemon=True)
                 self._watchdog.start()
 
+    def defer(self, task: Callable[[], object]) -> None:
+        """Run ``task`` soon in the watchdog thread, not in the caller's: a clean-up round trip
+        that the caller's result does not depend on (an event waiter taking its entry out after
+        the hint already told it the answer). Tasks must catch their own Redis errors; what is
+        left undone when the session closes expires with its key."""
+        self._deferred.append(task)
+        self._ensure_watchdog()
+        self._watchdog_kick.set()
+
+    def _run_deferred(self) -> None:
+        while self._deferred:
+            try:
+                task = self._deferred.popleft()
+            except IndexError:
+                return
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - a clean-up must not kill the watchdog
+                log.debug("distlock: deferred clean-up failed", exc_info=True)
+
     def _watchdog_loop(self) -> None:
-        retry_after: Optional[float] = None
+        cfg: Settings = settings()
+        renew_at = time.monotonic() + cfg.renew_interval
         while not self._closed:
-            cfg: Settings = settings()
-            self._watchdog_kick.wait(retry_after if retry_after is not None else cfg.renew_interval)
+            self._watchdog_kick.wait(max(0.0, renew_at - time.monotonic()))
             self._watchdog_kick.clear()
             if self._closed:
                 return
+            self._run_deferred()
+            if time.monotonic() < renew_at:
+                continue  # woken for deferred work only
             retry_after = self.renew_all()
+            cfg = settings()
+            renew_at = time.monotonic() + (retry_after if retry_after is not None else cfg.renew_interval)
 
     def renew_all(self) -> Optional[float]:
         """Renew every live watchdog hold in one pipelined round trip.
