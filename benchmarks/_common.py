@@ -39,6 +39,7 @@ __all__ = [
     "LockHandle", "LockFactory", "start_server", "connect", "server_meta",
     "interleaved", "per_round_ratios", "median", "percentile",
     "Workers", "expect", "handoff_latency", "contended_throughput", "hold_and_wait",
+    "add_hint_floor", "make_hint_holder", "make_hint_waiter",
     "command_calls", "calls_delta", "command_rate", "connections_named",
     "Row", "format_table", "write_json",
 ]
@@ -216,7 +217,8 @@ def _next_command(conn: Connection) -> Any:
 
 def handoff_latency(client: redis.Redis[Any], url: str, factory: LockFactory, name: str, *,
                     samples: int, max_seconds: float, settle: Tuple[float, float] = (0.03, 0.13),
-                    acquire_timeout: float = 10.0, warmup: int = 3, seed: int = 1) -> Dict[str, Any]:
+                    acquire_timeout: float = 10.0, warmup: int = 3, seed: int = 1,
+                    waiter_factory: Optional[LockFactory] = None) -> Dict[str, Any]:
     """Seconds from the start of ``release()`` here to the return of ``acquire()`` in another
     process that was blocked on it, once per sample.
 
@@ -226,6 +228,7 @@ def handoff_latency(client: redis.Redis[Any], url: str, factory: LockFactory, na
     clock for the whole system on Linux) and releases; the waiter stamps the clock when its
     ``acquire()`` returns, releases, and sends the stamp back. The first ``warmup`` samples are
     dropped. Stops at ``samples`` or after ``max_seconds``, whichever comes first.
+    ``waiter_factory`` (default ``factory``) makes the waiter's side.
     """
     rng = random.Random(seed)
     holder = factory(client, name)
@@ -233,7 +236,7 @@ def handoff_latency(client: redis.Redis[Any], url: str, factory: LockFactory, na
     failures = 0
     started = time.monotonic()
     with Workers() as workers:
-        conn = workers.start(_handoff_waiter, url, factory, name, acquire_timeout)
+        conn = workers.start(_handoff_waiter, url, waiter_factory or factory, name, acquire_timeout)
         if expect(conn, 60.0, "start") != "ready":
             raise RuntimeError("handoff waiter failed to start")
         started = time.monotonic()
@@ -279,45 +282,122 @@ def _handoff_waiter(url: str, factory: LockFactory, name: str, acquire_timeout: 
         return
 
 
+# --- the floor of a hinted handoff: no lock at all --------------------------------------------
+
+def make_hint_holder(client: Any, name: str) -> LockHandle:
+    """The holder's side of the handoff floor: ``release()`` is one PUBLISH."""
+    channel = f"{name}:floor"
+    return LockHandle(lambda t: True, lambda: client.publish(channel, "1"), obj=channel)
+
+
+def make_hint_waiter(client: Any, name: str) -> LockHandle:
+    """The waiter's side of the handoff floor: ``acquire()`` waits for the PUBLISH on a
+    subscribed redis-py PubSub, then makes one EVALSHA round trip (the try every hinted waiter
+    must make), and returns. What any lock woken by pub/sub needs at least, on this machine."""
+    pubsub = client.pubsub()
+    pubsub.subscribe(f"{name}:floor")
+    if (pubsub.get_message(timeout=10.0) or {}).get("type") != "subscribe":
+        raise RuntimeError("handoff floor: subscription not confirmed")
+    script = client.register_script("return 1")
+
+    def acquire(timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pubsub.get_message(timeout=max(0.0, deadline - time.monotonic())) is not None:
+                script()
+                return True
+        return False
+
+    return LockHandle(acquire, lambda: None, obj=pubsub)
+
+
+HINT_FLOOR = "floor: pub/sub hop + 1 EVALSHA"
+
+
+def add_hint_floor(rows: List[Any], client: redis.Redis[Any], url: str, figures: Mapping[str, int],
+                   *, samples: int, max_seconds: float) -> None:
+    """Measure the floor of any handoff woken by pub/sub (``make_hint_holder`` /
+    ``make_hint_waiter``, through ``handoff_latency``), add a row of it for each ``figure ->
+    percentile`` at the front of ``rows``, and fill the ``vs floor`` of that figure's rows."""
+    eprint(f"handoff: floor, PUBLISH -> subscriber + 1 EVALSHA (up to {samples} samples)")
+    res = handoff_latency(client, url, make_hint_holder, "bench:handoff:floor", samples=samples,
+                          max_seconds=max_seconds, waiter_factory=make_hint_waiter)
+    lat_ms = [x * 1000.0 for x in res["latencies"]]
+    note = ("no lock: PUBLISH here -> the subscribed waiter process wakes and makes one EVALSHA "
+            f"round trip; n={len(lat_ms)}")
+    for figure, q in figures.items():
+        value = median(lat_ms) if q == 50 else percentile(lat_ms, q)
+        for r in rows:
+            if r.figure == figure and value:
+                r.vs_floor = (r.value or 0) / value
+        rows.insert(0, Row(figure, HINT_FLOOR, value, "ms", 1.0, note=note, data={"latencies_ms": lat_ms}))
+
+
 # --- contended throughput ---------------------------------------------------------------------
 
-def contended_throughput(client: redis.Redis[Any], url: str, factory: LockFactory, name: str,
-                         counter_key: str, *, procs: int = 4, seconds: float = 5.0,
-                         acquire_timeout: float = 10.0) -> Dict[str, Any]:
-    """``procs`` processes loop ``acquire; GET counter; SET counter+1; release`` for ``seconds``.
+def contended_throughput(client: redis.Redis[Any], url: str,
+                         candidates: Mapping[str, Tuple[LockFactory, str, str]], *,
+                         procs: int = 4, seconds: float = 1.0, rounds: int = 5,
+                         acquire_timeout: float = 10.0) -> Dict[str, Dict[str, Any]]:
+    """For each candidate ``label -> (factory, lock name, counter key)``: ``procs`` processes
+    loop ``acquire; GET counter; SET counter+1; release`` for ``seconds``, all starting at one
+    instant; ``rounds`` such runs per candidate, interleaved round-robin (the order rotated by
+    one each round), so that a slow spell of a noisy machine hits every candidate alike.
 
-    All start at one instant. Returns the increments the workers report, the counter's final
-    value, ``lost`` (reported minus final: updates one worker overwrote for another), ops/s
-    over the time from the common start to the last worker's finish, and the Redis commands
-    run meanwhile (``commands``, ``commands_per_op``: commands run inside scripts count too;
-    ``scripts_per_op``: EVALSHA and EVAL calls per increment).
+    The workers of every candidate are started once and stay up between rounds. Returns, per
+    candidate: the increments the workers reported and the counter's final value, summed over
+    the rounds; ``lost`` (reported minus final: updates one worker overwrote for another);
+    ``per_round_ops`` (ops/s of each round: increments over the time from the common start to
+    the last worker's finish) and ``ops_per_s`` (their median); per-process increments; and the
+    Redis commands run meanwhile (``commands``, ``commands_per_op``: commands run inside
+    scripts count too; ``scripts_per_op``: EVALSHA and EVAL calls per increment).
     """
-    client.delete(counter_key)
+    labels = list(candidates)
+    out: Dict[str, Dict[str, Any]] = {
+        label: {"increments": 0, "final": 0, "per_round_ops": [], "per_worker": [0] * procs,
+                "timeouts": 0, "release_errors": 0, "commands": {}}
+        for label in labels}
     with Workers() as workers:
-        conns = [workers.start(_contended_worker, url, factory, name, counter_key, acquire_timeout)
-                 for _ in range(procs)]
-        for conn in conns:
-            if expect(conn, 60.0, "start") != "ready":
-                raise RuntimeError("contended worker failed to start")
-        calls_before = command_calls(client)
-        start_at = time.monotonic() + 0.2
-        for conn in conns:
-            conn.send((start_at, start_at + seconds))
-        reports = [expect(conn, seconds + acquire_timeout + 30.0, "finish") for conn in conns]
-        calls = calls_delta(calls_before, command_calls(client))
-    done = sum(r["increments"] for r in reports)
-    final = int(client.get(counter_key) or 0)
-    elapsed = max(r["finished"] for r in reports) - start_at
-    client.delete(counter_key)
-    return {
-        "increments": done, "final": final, "lost": done - final,
-        "ops_per_s": done / elapsed if elapsed > 0 else math.nan, "seconds": elapsed,
-        "per_worker": [r["increments"] for r in reports],
-        "timeouts": sum(r["timeouts"] for r in reports),
-        "release_errors": sum(r["release_errors"] for r in reports),
-        "commands": calls, "commands_per_op": sum(calls.values()) / done if done else math.nan,
-        "scripts_per_op": (calls.get("evalsha", 0) + calls.get("eval", 0)) / done if done else math.nan,
-    }
+        conns: Dict[str, List[Connection]] = {}
+        for label in labels:
+            factory, name, counter_key = candidates[label]
+            conns[label] = [workers.start(_contended_worker, url, factory, name, counter_key,
+                                          acquire_timeout) for _ in range(procs)]
+        for label in labels:
+            for conn in conns[label]:
+                if expect(conn, 60.0, "start") != "ready":
+                    raise RuntimeError("contended worker failed to start")
+        for rnd in range(rounds):
+            shift = rnd % len(labels)
+            for label in labels[shift:] + labels[:shift]:
+                counter_key = candidates[label][2]
+                res = out[label]
+                client.delete(counter_key)
+                calls_before = command_calls(client)
+                start_at = time.monotonic() + 0.1
+                for conn in conns[label]:
+                    conn.send((start_at, start_at + seconds))
+                reports = [expect(conn, seconds + acquire_timeout + 30.0, "finish")
+                           for conn in conns[label]]
+                calls = calls_delta(calls_before, command_calls(client))
+                done = sum(r["increments"] for r in reports)
+                res["increments"] += done
+                res["final"] += int(client.get(counter_key) or 0)
+                elapsed = max(r["finished"] for r in reports) - start_at
+                res["per_round_ops"].append(done / elapsed if elapsed > 0 else math.nan)
+                res["per_worker"] = [a + r["increments"] for a, r in zip(res["per_worker"], reports)]
+                res["timeouts"] += sum(r["timeouts"] for r in reports)
+                res["release_errors"] += sum(r["release_errors"] for r in reports)
+                for cmd, n in calls.items():
+                    res["commands"][cmd] = res["commands"].get(cmd, 0) + n
+                client.delete(counter_key)
+    for res in out.values():
+        done, calls = res["increments"], res["commands"]
+        res["lost"] = done - res["final"]
+        res["ops_per_s"] = median(res["per_round_ops"])
+        res["commands_per_op"] = sum(calls.values()) / done if done else math.nan
+        res["scripts_per_op"] = (calls.get("evalsha", 0) + calls.get("eval", 0)) / done if done else math.nan
+    return out
 
 
 def _contended_worker(url: str, factory: LockFactory, name: str, counter_key: str,
@@ -326,27 +406,28 @@ def _contended_worker(url: str, factory: LockFactory, name: str, counter_key: st
     lock = factory(client, name)
     try:
         conn.send("ready")
-        window = _next_command(conn)
-        if window is None:
-            return
-        start_at, end_at = window
-        time.sleep(max(0.0, start_at - time.monotonic()))
-        increments = timeouts = release_errors = 0
-        while time.monotonic() < end_at:
-            if not lock.acquire(acquire_timeout):
-                timeouts += 1
-                continue
-            try:
-                value = client.get(counter_key)
-                client.set(counter_key, int(value or 0) + 1)
-                increments += 1
-            finally:
+        while True:
+            window = _next_command(conn)
+            if window is None:
+                return
+            start_at, end_at = window
+            time.sleep(max(0.0, start_at - time.monotonic()))
+            increments = timeouts = release_errors = 0
+            while time.monotonic() < end_at:
+                if not lock.acquire(acquire_timeout):
+                    timeouts += 1
+                    continue
                 try:
-                    lock.release()
-                except Exception:  # noqa: BLE001 - a lost lease is counted, not fatal
-                    release_errors += 1
-        conn.send({"increments": increments, "timeouts": timeouts,
-                   "release_errors": release_errors, "finished": time.monotonic()})
+                    value = client.get(counter_key)
+                    client.set(counter_key, int(value or 0) + 1)
+                    increments += 1
+                finally:
+                    try:
+                        lock.release()
+                    except Exception:  # noqa: BLE001 - a lost lease is counted, not fatal
+                        release_errors += 1
+            conn.send({"increments": increments, "timeouts": timeouts,
+                       "release_errors": release_errors, "finished": time.monotonic()})
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return
 

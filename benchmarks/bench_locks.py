@@ -111,7 +111,8 @@ class Knobs:
     handoff_slow_samples: int = 60  # the polling peers (redis-py Lock, pottery)
     handoff_slow_max_s: float = 12.0
     contended_procs: int = 4
-    contended_s: float = 5.0
+    contended_s: float = 1.0
+    contended_rounds: int = 7
     idle_threads: int = 10
     idle_settle_s: float = 2.0
     idle_window_s: float = 5.0
@@ -123,7 +124,8 @@ class Knobs:
 
 FULL = Knobs()
 QUICK = Knobs(rounds=3, ops=20, uncontended_max_s=10.0, handoff_samples=8, handoff_max_s=2.0,
-              handoff_slow_samples=4, handoff_slow_max_s=1.5, contended_procs=2, contended_s=0.5,
+              handoff_slow_samples=4, handoff_slow_max_s=1.5, contended_procs=2, contended_s=0.3,
+              contended_rounds=2,
               idle_settle_s=0.5, idle_window_s=1.0, conn_settle_s=0.5, conn_stagger_s=0.0)
 
 
@@ -203,6 +205,8 @@ def handoff(ctx: Ctx) -> List[C.Row]:
                           + ("; target <= 0.5 ms: " + ("met" if med <= 0.5 else "MISSED")
                              if impl.key == "distlock" else ""), data=data))
         rows.append(C.Row("handoff p99", impl.label, p99, "ms", note=note))
+    C.add_hint_floor(rows, ctx.client, ctx.url, {"handoff median": 50, "handoff p99": 99},
+                     samples=k.handoff_samples, max_seconds=k.handoff_max_s)
     rows.sort(key=lambda r: r.figure != "handoff median")  # medians first, then p99s (stable)
     _fill_vs_redis_py(rows, lambda r: r.figure == "handoff median", medians)
     _fill_vs_redis_py(rows, lambda r: r.figure == "handoff p99",
@@ -212,25 +216,37 @@ def handoff(ctx: Ctx) -> List[C.Row]:
 
 def contended(ctx: Ctx) -> List[C.Row]:
     k = ctx.knobs
+    chosen = impls("distlock", "distrlock", "redis_py", "python_redis_lock", "pottery")
+    C.eprint(f"contended: {len(chosen)} candidates x {k.contended_rounds} rounds x "
+             f"{k.contended_procs} processes x {k.contended_s:g} s, round-robin")
+    results = C.contended_throughput(
+        ctx.client, ctx.url,
+        {impl.label: (impl.factory, f"bench:contended:{impl.key}", f"bench:counter:{impl.key}")
+         for impl in chosen},
+        procs=k.contended_procs, seconds=k.contended_s, rounds=k.contended_rounds)
+    ref = results.get(REDIS_PY)
     rows: List[C.Row] = []
-    for impl in impls("distlock", "distrlock", "redis_py", "python_redis_lock", "pottery"):
-        C.eprint(f"contended: {impl.label} ({k.contended_procs} processes x {k.contended_s:g} s)")
-        res = C.contended_throughput(ctx.client, ctx.url, impl.factory, f"bench:contended:{impl.key}",
-                                     f"bench:counter:{impl.key}", procs=k.contended_procs,
-                                     seconds=k.contended_s)
-        note = (f"{res['increments']} increments, final counter {res['final']}, "
-                f"per process {res['per_worker']}, {res['scripts_per_op']:.1f} EVALSHA/op")
+    for impl in chosen:
+        res = results[impl.label]
+        vs = None
+        note = ""
+        if ref is not None:
+            ratios = [a / b for a, b in zip(res["per_round_ops"], ref["per_round_ops"])]
+            vs = C.median(ratios)
+            res["per_round_vs_redis_py"] = ratios
+            note = (f"ratio to redis-py per round {C.percentile(ratios, 25):.2f}-"
+                    f"{C.percentile(ratios, 75):.2f} (IQR); ")
+            if impl.label in ("DistLock", "DistRLock"):
+                note = f"target >= redis-py: {'met' if vs >= 1.0 else 'MISSED'}; " + note
+        note += (f"median of {len(res['per_round_ops'])} rounds; {res['increments']} increments, "
+                 f"final counters {res['final']}, per process {res['per_worker']}, "
+                 f"{res['scripts_per_op']:.1f} EVALSHA/op")
         if res["timeouts"] or res["release_errors"]:
             note += f", {res['timeouts']} acquire timeouts, {res['release_errors']} release errors"
-        rows.append(C.Row("contended ops/s", impl.label, res["ops_per_s"], "ops/s", note=note, data=res))
+        rows.append(C.Row("contended ops/s", impl.label, res["ops_per_s"], "ops/s", None, vs,
+                          note, res))
         rows.append(C.Row("contended lost updates", impl.label, float(res["lost"]), "updates",
                           note="target 0: " + ("met" if res["lost"] == 0 else "MISSED")))
-    ops = {r.impl: r.value for r in rows if r.figure == "contended ops/s"}
-    _fill_vs_redis_py(rows, lambda r: r.figure == "contended ops/s", ops)
-    ref = ops.get(REDIS_PY)
-    for r in rows:
-        if r.figure == "contended ops/s" and r.impl in ("DistLock", "DistRLock") and ref:
-            r.note = f"target >= redis-py: {'met' if (r.value or 0) >= ref else 'MISSED'}; " + r.note
     return rows
 
 

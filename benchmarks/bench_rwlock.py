@@ -186,11 +186,16 @@ def handoff(ctx: Ctx) -> List[C.Row]:
     note = f"n={len(lat_ms)}{' (capped)' if capped else ''}"
     if failures:
         note += f", {failures} acquire timeouts"
-    return [
+    rows = [
         C.Row("handoff median, last reader -> writer", "DistReadWriteLock", med, "ms",
               note=note + "; target <= 0.5 ms: " + _verdict(med <= 0.5), data={"latencies_ms": lat_ms}),
         C.Row("handoff p99, last reader -> writer", "DistReadWriteLock", p99, "ms", note=note),
     ]
+    C.add_hint_floor(rows, ctx.client, ctx.url, {"handoff median, last reader -> writer": 50,
+                                                 "handoff p99, last reader -> writer": 99},
+                     samples=k.handoff_samples, max_seconds=k.handoff_max_s)
+    rows.sort(key=lambda r: "p99" in r.figure)
+    return rows
 
 
 def _handoff_writer(url: str, name: str, conn: Connection) -> None:
