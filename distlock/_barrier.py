@@ -72,7 +72,17 @@ class DistBarrier:
     Every process must give a barrier the same ``parties``: the first arrival records it, and a
     barrier in use with another number raises ValueError naming the recorded one (checked by
     the scripts, at the first ``wait()``; the constructor does no I/O). A barrier at rest (no
-    one waiting, not broken) leaves nothing in Redis.
+    one waiting, not broken) leaves nothing in Redis once the leases of the parties its last
+    trip released have run out (until then, the record of that trip, which a party that
+    missed the trip's hint reads); the number of parties is forgotten at rest.
+
+    **Lost state is not a trip.** A party is released only when Redis shows that its generation
+    tripped. If the server loses its data while parties wait (a restart without persistence),
+    or their process could not renew their leases before they ran out (stopped, cut off), the
+    waiting parties raise ``threading.BrokenBarrierError`` when they next look. Out of memory
+    (maxmemory under noeviction), the parties' renewals, a trip, a break (timeout,
+    ``abort()``) and ``reset()`` still work; a party that would join, which needs memory,
+    raises Redis' ``OutOfMemoryError`` and changes nothing.
 
     ``client``: a ``redis.Redis`` or a URL; by default, see ``configure``.
     """

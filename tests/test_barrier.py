@@ -247,17 +247,44 @@ def test_parties_mismatch_names_the_recorded_number(client: Any) -> None:
     assert _keys(client) == [barrier._keys.broken]
 
 
+def _trip_record_only(client: Any, barrier: Any) -> List[str]:
+    """The keys of ``barrier`` at rest, leaving out the record of its latest trip: the state,
+    holding only the generation numbers and until when the parties that trip released may
+    look, which runs out with their leases (no parties number: that is forgotten at rest)."""
+    state = barrier._keys.state
+    left = _keys(client)
+    if state in left:
+        assert set(client.hkeys(state)) <= {b"g", b"o", b"k"}, client.hgetall(state)
+        assert 0 < client.pttl(state) <= distlock.configure().lease * 1000
+        left.remove(state)
+    return left
+
+
 def test_keys_at_rest_broken_and_reset(client: Any) -> None:
     barrier = DistBarrier(_name(), 2, client=client)
     assert sorted(r[0] for r in Parties(barrier, 2).join()) == [0, 1]
-    assert _keys(client) == []  # at rest: nothing
+    # At rest: only the record of the trip, until the released parties' leases run out.
+    assert _keys(client) == [barrier._keys.state]
+    assert _trip_record_only(client, barrier) == []
     barrier.abort()
     assert _keys(client) == sorted([barrier._keys.broken, barrier._keys.state])
     assert client.ttl(barrier._keys.state) == -1  # broken stays broken, for good
     assert DistBarrier(barrier.name, 2, client=client).broken is True
     barrier.reset()
-    assert _keys(client) == [barrier._keys.broken]  # the record of the broken generation...
+    # the record of the broken generation...
+    assert _trip_record_only(client, barrier) == [barrier._keys.broken]
     assert client.ttl(barrier._keys.broken) > 0  # ...goes by itself
+
+
+def test_keys_at_rest_go_when_the_released_leases_run_out(client: Any) -> None:
+    distlock.configure(lease=1.0, renew_interval=0.3)
+    barrier = DistBarrier(_name(), 3, client=client)
+    assert sorted(r[0] for r in Parties(barrier, 3).join()) == [0, 1, 2]
+    assert _keys(client) == [barrier._keys.state]
+    _until(lambda: _keys(client) == [], 5.0)
+    # A barrier at rest may then be used with another number of parties.
+    assert sorted(r[0] for r in Parties(DistBarrier(barrier.name, 2, client=client), 2).join()) \
+        == [0, 1]
 
 
 def test_trip_whose_hint_is_lost_still_releases(client: Any) -> None:
@@ -271,7 +298,7 @@ def test_trip_whose_hint_is_lost_still_releases(client: Any) -> None:
         ("last", 30000, 3, "0", 60000))
     assert reply[:2] == [1, 2]
     assert sorted(r[0] for r in parties.join()) == [0, 1]
-    assert _keys(client) == []
+    assert _trip_record_only(client, barrier) == []
 
 
 def test_runner_that_dies_in_its_action_breaks(client: Any) -> None:
@@ -338,7 +365,7 @@ def test_four_processes_many_generations(client: Any, url: str, children: Childr
     runners = [int(x) for x in client.lrange(counter, 0, -1)]
     assert len(runners) == 5 and set(runners) <= set(pids)  # once per generation, in a party
     client.delete(counter)
-    assert _keys(client) == []
+    assert _trip_record_only(client, DistBarrier(name, 4, client=client)) == []
 
 
 @pytest.mark.real_redis

@@ -8,8 +8,10 @@
 -- return   0 still waiting; 3 still waiting while the last party runs the action (a timeout
 --          does not break it then, as in threading, where the action holds the lock);
 --          1 its generation tripped; -1 its generation broke (timeout, abort, reset, a dead
---          party, an action that raised).
-local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a')
+--          party, an action that raised), or nothing shows that it tripped: the state that
+--          recorded it is gone (the server lost its data, or every lease in it ran out before
+--          this party looked, its own included).
+local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a', 'o')
 if st[1] == ARGV[2] then
   if st[2] ~= '1' and bar_reap(st[1], ARGV[4]) then
     return -1
@@ -30,4 +32,9 @@ end
 if redis.call('zscore', KEYS[3], ARGV[2]) then
   return -1
 end
-return 1
+-- Its generation ended, without a break on record. It tripped if the state has been there
+-- since before it began ('o'); a state made afresh since (or none) does not know it.
+if st[4] and tonumber(st[4]) <= tonumber(ARGV[2]) then
+  return 1
+end
+return -1

@@ -5,17 +5,23 @@
 -- ARGV[3]  'w' a waiting party; 'a' the party running the action
 -- return   1, always: a party that is no longer there finds out at its next look (its
 --          generation tripped or broke), so a renewal has no loss to report.
+-- The TTL first, ZADD / HSET after, so that a renewal works out of memory (see _bar.lua): a
+-- lease that ran out for want of memory would break the barrier, or let its state run out.
 local deadline = NOW + tonumber(ARGV[2])
 if ARGV[3] == 'w' then
   local score = redis.call('zscore', KEYS[2], ARGV[1])
   if score and tonumber(score) > NOW then
-    redis.call('zadd', KEYS[2], fmt(math.max(tonumber(score), deadline)), ARGV[1])
+    local renewed = math.max(tonumber(score), deadline)
+    bar_outlive(KEYS[2], renewed)
+    redis.call('zadd', KEYS[2], fmt(renewed), ARGV[1])
     bar_settle()
   end
 else
   local st = redis.call('hmget', KEYS[1], 'ar', 'ad')
   if st[1] == ARGV[1] and tonumber(st[2]) > NOW then
-    redis.call('hset', KEYS[1], 'ad', fmt(math.max(tonumber(st[2]), deadline)))
+    local renewed = math.max(tonumber(st[2]), deadline)
+    bar_outlive(KEYS[1], renewed)
+    redis.call('hset', KEYS[1], 'ad', fmt(renewed))
     bar_settle()
   end
 end

@@ -5,14 +5,17 @@
 -- ARGV[2]  parties, as the caller's barrier was constructed (recorded if abort finds no state)
 -- ARGV[3]  how long a broken generation is remembered, ms
 -- return   1
-local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a')
+local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a', 'p')
 if ARGV[1] == 'a' then
   local g = st[1]
   if not g then
     g = bar_next(nil)
-    redis.call('hset', KEYS[1], 'p', ARGV[2], 'g', g)
+    redis.call('hset', KEYS[1], 'p', ARGV[2], 'g', g, 'o', g)
   end
   bar_break(g, ARGV[3])
+  if st[1] and not st[4] then  -- at rest after a trip (see bar_settle)
+    redis.call('hset', KEYS[1], 'p', ARGV[2])
+  end
   return 1
 end
 if not st[1] then

@@ -30,7 +30,9 @@ end
 local g = st[2]
 if not g then
   g = bar_next(nil)
-  redis.call('hset', KEYS[1], 'p', ARGV[3], 'g', g)
+  redis.call('hset', KEYS[1], 'p', ARGV[3], 'g', g, 'o', g)
+elseif not st[1] then  -- at rest after a trip (see bar_settle)
+  redis.call('hset', KEYS[1], 'p', ARGV[3])
 end
 local index = redis.call('zcard', KEYS[2])
 local deadline = NOW + tonumber(ARGV[2])
@@ -40,6 +42,9 @@ if index + 1 < parties then
   return {0, index, tonumber(g)}
 end
 if ARGV[4] == '1' then
+  -- The last party goes through out of memory too (TTL first, see _bar.lua): what it starts
+  -- ends the generation. A party that would join needs memory, and is refused.
+  bar_outlive(KEYS[1], deadline)
   redis.call('hset', KEYS[1], 'a', g, 'ad', fmt(deadline), 'ar', ARGV[1])
   bar_settle()
   return {2, index, tonumber(g)}
