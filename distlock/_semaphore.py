@@ -19,6 +19,7 @@ run out, and the waiters, whose sleep is bounded by the first lease to run out, 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
@@ -28,7 +29,9 @@ from ._errors import LockLostError
 from ._logic import Deadline, check_lease, check_name, lease_ms
 from ._session import Hold, Session, session_for
 from ._synclogic import (
+    COUNT_OVERFLOW,
     REL_MISMATCH,
+    REL_OVERFLOW,
     REL_TOO_MANY,
     SEM_MISMATCH,
     TOO_MANY_RELEASES,
@@ -50,6 +53,17 @@ log = logging.getLogger("distlock")
 #: Serializes the choice of which local permits a release gives back, across every semaphore
 #: object of the process: two threads releasing at once never pick the same permit.
 _claims = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held it at the fork: that thread does not exist
+    # here, and would never let it go. The child holds no permits to choose from anyway.
+    global _claims
+    _claims = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 #: How many times a call retries when the state it was checked against vanished meanwhile.
 _MISMATCH_TRIES = 3
@@ -76,12 +90,18 @@ class DistSemaphore:
     ends: a DistSemaphore counts what is in use, it does not hand tokens between processes.
 
     **The value.** An integer from 0 to 2**53 - 1 (the largest count Redis keeps exactly;
-    above it, OverflowError). The first use of a name records its value in Redis; using it with another
-    value while it is recorded raises ValueError naming the recorded one. The check is made
-    by the scripts, at the first ``acquire()`` or ``release()``, not by the constructor (which
-    does no I/O). A semaphore at rest (nothing held, count not raised) leaves nothing in
-    Redis, so the next first use may record another value. A count raised above the value
-    stays in Redis, for good, as state.
+    above it, OverflowError). The first use of a name records its value in Redis; using it
+    with another value while it is recorded raises ValueError naming the recorded one. The
+    check is made by the scripts, at the first ``acquire()`` or ``release()``, not by the
+    constructor (which does no I/O). A semaphore at rest (nothing held, count not raised)
+    leaves nothing in Redis, so the next first use may record another value. A count raised
+    above the value stays in Redis, for good, as state; it too is at most 2**53 - 1 (a
+    ``release()`` that would take it higher raises OverflowError, changing nothing, where
+    ``threading`` has no limit).
+
+    **After os.fork()** the child owns nothing (a fresh session): its ``release()`` is that
+    of a process that holds no permit, as above, never a release of the parent's permits as
+    its own.
 
     Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
     and ``lease`` (None: the watchdog keeps permits alive while the process lives; seconds:
@@ -168,7 +188,8 @@ class DistSemaphore:
         Any thread, in any process, may release; see the class for which permits are given
         back. Waiters are woken, up to ``n`` per process. ``n`` below 1 raises ValueError
         ("n must be one or more"), as in ``threading``; a fraction raises TypeError, and ``n``
-        above 2**53 - 1 (the largest count Redis keeps exactly) raises OverflowError.
+        above 2**53 - 1 (the largest count Redis keeps exactly) raises OverflowError, as does
+        a release that would take the count above 2**53 - 1, changing nothing.
 
         Raise ValueError when the semaphore is in use with another value, and LockLostError (a
         RuntimeError) when permits this process held had been lost before the release (their
@@ -198,9 +219,11 @@ class DistSemaphore:
                 for hold in holds:
                     session.drop_hold(hold)
             raise
-        if reply == REL_TOO_MANY:
+        if reply in (REL_TOO_MANY, REL_OVERFLOW):  # nothing changed: the holds are still ours
             for hold in holds:
                 hold.releasing = False
+            if reply == REL_OVERFLOW:
+                raise OverflowError(COUNT_OVERFLOW)
             raise ValueError(TOO_MANY_RELEASES)
         for hold in holds:
             session.drop_hold(hold)

@@ -24,7 +24,8 @@ __all__ = [
     "permit_id", "entry_ms", "broken_keep_ms",
     "sem_repr", "event_repr", "barrier_repr",
     "value_mismatch", "parties_mismatch", "TOO_MANY_RELEASES",
-    "SEM_MISMATCH", "REL_TOO_MANY", "REL_MISMATCH", "release_lost",
+    "SEM_MISMATCH", "REL_TOO_MANY", "REL_MISMATCH", "REL_OVERFLOW", "COUNT_OVERFLOW",
+    "release_lost",
     "EV_SET", "EV_TAKEN", "EV_EXPIRED",
     "BAR_WAITING", "BAR_TRIPPED", "BAR_RUN", "BAR_BROKEN", "BAR_BUSY", "BAR_MISMATCH",
     "BAR_PENDING",
@@ -115,11 +116,17 @@ class BarrierKeys:
     """Every key and channel of one DistBarrier.
 
     - ``state``: hash, ``p`` -> parties, ``g`` -> the current generation (strictly increasing,
-      floored by the server clock in µs), ``b`` -> ``"1"`` while broken, and while the last
-      party of a generation runs the action: ``a`` -> that generation, ``ad`` -> the runner's
-      lease deadline (server ms), ``ar`` -> the runner's id. It lives for good while broken
-      (until ``reset()``), as long as the leases in it while parties wait, and not at all at
-      rest.
+      floored by the server clock in µs), ``o`` -> the first generation this hash recorded,
+      ``k`` -> until when (server ms) the parties released by the latest trip may look (their
+      latest lease deadline), ``b`` -> ``"1"`` while broken, and while the last party of a
+      generation runs the action: ``a`` -> that generation, ``ad`` -> the runner's lease
+      deadline (server ms), ``ar`` -> the runner's id. A party whose generation is no longer
+      the current one learns that it tripped from this hash: it ended after ``o`` and is not
+      among the broken ones. So the hash lives for good while broken (until ``reset()``), as
+      long as the leases in it while parties wait, at rest until ``k`` (without ``p``: at rest
+      the number of parties is forgotten), and then not at all. A party that finds no hash
+      that knows its generation (the server lost its data, or every lease in it ran out before
+      it looked) does not take that for a trip: its generation broke.
     - ``waiters``: sorted set, waiter id -> lease deadline (server ms): the parties of the current
       generation that arrived and wait. A party's index is the size of this set when it
       arrived. A lease that runs out (the party's process died) breaks the barrier.
@@ -276,8 +283,12 @@ SEM_MISMATCH = 0
 REL_TOO_MANY = -1
 #: sem_release: the semaphore is in use with another value (nothing changed)
 REL_MISMATCH = -2
+#: sem_release: the count would go above ``MAX_PERMITS`` (nothing changed)
+REL_OVERFLOW = -3
 
 TOO_MANY_RELEASES = "Semaphore released too many times"
+COUNT_OVERFLOW = ("semaphore count would go above 2**53 - 1, the largest count Redis keeps "
+                  "exactly")
 
 
 def release_lost(lost: int, name: str) -> str:

@@ -10,7 +10,9 @@ primitives. The ones here are not lock-like, so each scenario is taken where it 
   are above every token before it" of 3. Instead they check the count: a lost permit comes
   back once, and a late release does not raise the count. Scenario 5 (a lost grant reply)
   and 8 (pool exhausted) are the session's code, shared with the locks; 10 (pre-fork) is
-  ``test_semaphore.test_fork_child_owns_nothing``.
+  ``test_semaphore.test_fork_child_owns_nothing`` and the fork tests of
+  tests/test_sync_edges.py, which also holds the out-of-memory cases of DistEvent and
+  DistBarrier and a barrier whose state was lost (restart, a party stopped past its lease).
 - DistEvent holds nothing but a waiter's short-lived entry: only "never hangs" (3, 4, 5) and
   "set() still wakes" apply.
 - DistBarrier: a waiting party holds a lease. Its pub/sub wake-ups (4) and a party that dies
@@ -393,6 +395,8 @@ def test_sem_7_out_of_memory_release_and_renew_still_work(client: Any, kind: str
             with pytest.raises(redis.exceptions.OutOfMemoryError):
                 for i in range(10_000):
                     full.set(f"filler:{i}", "x" * 1024)
+            # Far over the limit, not a few bytes from it (a freed buffer could bring it back).
+            full.config_set("maxmemory", 1)
             time.sleep(FAST["lease"] * 1.5)  # renewals out of memory
             full.script_flush()  # and the NOSCRIPT path out of memory
             time.sleep(FAST["lease"])
@@ -521,8 +525,9 @@ def test_event_wait_in_a_blackhole_returns_within_its_bound(client: Any, proxy: 
 @pytest.mark.parametrize("how", PUBSUB_FAULTS)
 def test_barrier_pubsub_killed_while_parties_wait(client: Any, proxy: FaultProxy, how: str) -> None:
     """Two parties wait, their pub/sub connection breaks, the third arrives: the generation
-    still completes (the trip's hint, or the next look), with indices 0, 1, 2."""
-    distlock.configure(wait_cap=0.5)
+    still completes (the trip's hint, or the next look), with indices 0, 1, 2. The record of
+    the trip, which a party that missed the hint reads, goes when their leases run out."""
+    distlock.configure(wait_cap=0.5, lease=2.0, renew_interval=0.5)
     name = f"sb4-{how}"
     user = client if how == "client-kill" else proxy.client()
     keys = BarrierKeys.of(distlock.configure().prefix, name)

@@ -24,9 +24,17 @@ end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
+-- keep(deadline): the caller's entry stays until `deadline`, and the key at least as long. Out
+-- of memory (maxmemory under noeviction) Redis refuses a script's first write when that command
+-- may use memory, as ZADD may; a TTL write may not, so a look at an existing entry sets the TTL
+-- first and still works then. (A join makes a new entry: refused out of memory, as it should.)
 local function keep(deadline)
+  local pttl = redis.call('pttl', KEYS[2])
+  if pttl ~= -2 then
+    redis.call('pexpireat', KEYS[2], string.format('%.0f', math.max(deadline, now + math.max(pttl, 0))))
+  end
   redis.call('zadd', KEYS[2], string.format('%.0f', deadline), ARGV[1])
-  if redis.call('pttl', KEYS[2]) < deadline - now then
+  if pttl == -2 then
     redis.call('pexpireat', KEYS[2], string.format('%.0f', deadline))
   end
   return deadline

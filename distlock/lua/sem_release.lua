@@ -14,6 +14,8 @@
 -- return   the permits free afterwards (>= 0);
 --          -1 when a bounded semaphore would go above its value (nothing changed);
 --          -2 when the semaphore is in use with another value (nothing changed);
+--          -3 when the count would go above 2^53 - 1, the largest Lua numbers and Redis
+--          scores keep exactly (nothing changed);
 --          {free, id, ...} when some given ids were no longer held (their lease had run out, so
 --          they had come back already): those ids; the rest of the release was done.
 -- An id found among the handed ones was released on its owner's behalf before: releasing it
@@ -51,6 +53,12 @@ local free = value + extra - live
 local raised = #mine + rest
 if ARGV[2] == '1' and free + raised > value then
   return -1
+end
+-- Above 2^53 - 1 a double no longer holds every integer: a count raised further would lose
+-- releases. (The sum itself may be inexact, but it is above the limit exactly when the true
+-- one is, and when it is not it is exact.)
+if free + raised > 9007199254740991 then
+  return -3
 end
 sem_sliced('zrem', KEYS[1], mine, 1000)
 sem_sliced('zrem', KEYS[2], handed, 1000)
