@@ -19,9 +19,11 @@ are started with the ``spawn`` method and unpickle it by reference.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
+import os
 import random
 import statistics
 import sys
@@ -29,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 import redis
 
@@ -39,7 +41,7 @@ __all__ = [
     "LockHandle", "LockFactory", "start_server", "connect", "server_meta",
     "interleaved", "per_round_ratios", "median", "percentile",
     "Workers", "expect", "handoff_latency", "contended_throughput", "hold_and_wait",
-    "add_hint_floor", "make_hint_holder", "make_hint_waiter",
+    "add_hint_floor", "make_hint_holder", "make_hint_waiter", "pinned",
     "command_calls", "calls_delta", "command_rate", "connections_named",
     "Row", "format_table", "write_json",
 ]
@@ -146,6 +148,34 @@ def interleaved(ops: Mapping[str, Callable[[], object]], *, rounds: int, per_rou
         if max_seconds is not None and rnd >= 2 and time.monotonic() - started > max_seconds:
             break
     return out
+
+
+@contextlib.contextmanager
+def pinned(client: redis.Redis[Any]) -> Iterator[str]:
+    """Pin the calling thread to the first CPU and the benchmark's own server to the last for
+    the block, then give both their CPUs back; yields what it did, for the notes.
+
+    A single-client timing swings by 20 % from one minute to the next on a small VM as the
+    scheduler moves the client and the server between cores (same core: no cross-core wake-up;
+    different cores: one per message). Pinned, every candidate sees the same placement, and
+    runs agree within a few percent. Off with ``DISTLOCK_BENCH_PIN=0``, on one CPU, or where
+    the OS has no ``sched_setaffinity``."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if os.environ.get("DISTLOCK_BENCH_PIN", "1") == "0" or len(cpus) < 2:
+        yield "not pinned"
+        return
+    pid = int(client.info("server")["process_id"])
+    mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(pid)
+    try:
+        os.sched_setaffinity(pid, {cpus[-1]})
+        os.sched_setaffinity(0, {cpus[0]})
+        yield f"client pinned to CPU {cpus[0]}, server to CPU {cpus[-1]}"
+    finally:
+        for who, was in ((0, mine), (pid, theirs)):
+            try:
+                os.sched_setaffinity(who, was)
+            except OSError:
+                pass
 
 
 def per_round_ratios(per_round: Mapping[str, List[float]], reference: str) -> Dict[str, List[float]]:

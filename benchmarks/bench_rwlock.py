@@ -63,7 +63,7 @@ def make_none(client: Any, name: str) -> C.LockHandle:
 
 @dataclass(frozen=True)
 class Knobs:
-    rounds: int = 20
+    rounds: int = 40
     ops: int = 200
     uncontended_max_s: float = 180.0
     handoff_samples: int = 100
@@ -105,11 +105,12 @@ def uncontended(ctx: Ctx) -> List[C.Row]:
         handle = factory(client, f"bench:rw:uncontended:{label}")
         ops[label] = _cycle(handle)
     C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
-    per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
+    with C.pinned(ctx.client) as pin:
+        per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
     vs_floor = C.per_round_ratios(per_round, "floor")
     n = len(per_round["floor"])
     rows = [C.Row("floor", "2 x EVALSHA 'return 1'", C.median(per_round["floor"]), "µs/pair", 1.0,
-                  note=f"median of {n} rounds x {k.ops}; min {min(per_round['floor']):.0f}",
+                  note=f"median of {n} rounds x {k.ops}; min {min(per_round['floor']):.0f}; {pin}",
                   data={"per_round_us": per_round["floor"]})]
     for label, values in per_round.items():
         if label == "floor":
@@ -301,7 +302,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     return C.bench_main(
         argv, doc=__doc__, title="DistReadWriteLock benchmarks", figures=FIGURES, full=FULL,
         quick=QUICK,
-        options=(C.Option("--rounds", "rounds", int, 1, "uncontended: rounds (default 20; quick 3)"),
+        options=(C.Option("--rounds", "rounds", int, 1, "uncontended: rounds (default 40; quick 3)"),
                  C.Option("--ops", "ops", int, 1,
                           "uncontended: ops per candidate per round (200; quick 20)")),
         run=_run, versions=(("redis-py", "redis"),))

@@ -54,7 +54,7 @@ WAIT_LIMIT = 30.0  # every wait in a worker is bounded
 
 @dataclass(frozen=True)
 class Knobs:
-    rounds: int = 30
+    rounds: int = 40
     ops: int = 200
     uncontended_max_s: float = 90.0
     event_waiters: int = 10
@@ -162,11 +162,12 @@ def semaphore(client: Any, k: Knobs) -> List[C.Row]:
         "DistLock (reference)": _cycle(DistLock("bench:sem:lock", client=client)),
     }
     C.eprint(f"semaphore: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
-    per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
+    with C.pinned(client) as pin:
+        per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
     vs_floor = C.per_round_ratios(per_round, "floor")
     n = len(per_round["floor"])
     rows = [C.Row("floor", "2 x EVALSHA 'return 1'", C.median(per_round["floor"]), "µs/pair", 1.0,
-                  note=f"median of {n} rounds x {k.ops}", data={"per_round_us": per_round["floor"]})]
+                  note=f"median of {n} rounds x {k.ops}; {pin}", data={"per_round_us": per_round["floor"]})]
     for label in ("DistSemaphore", "DistBoundedSemaphore", "DistLock (reference)"):
         ratio = C.median(vs_floor[label])
         note = (f"ratio IQR {C.percentile(vs_floor[label], 25):.2f}-"
