@@ -661,8 +661,10 @@ class Holder:
 
 def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[float],
                   settings: Dict[str, float], resource: FencedResource, seed: int,
-                  out_path: str, start_at: float) -> None:
-    """One contender: ``holds`` short holds with random sleeps; intervals go to ``out_path``.
+                  out_path: str, start_at: float, min_seconds: float = 0.0) -> None:
+    """One contender: ``holds`` short holds with random sleeps, and more until ``min_seconds``
+    have passed since the start (so that a test has time to disturb the run, however fast the
+    lock is); intervals go to ``out_path``.
 
     Each line: start end token outcome, where start is taken after acquire() returned, end
     before release() is called (both time.monotonic(), which is system-wide on Linux), and
@@ -680,8 +682,11 @@ def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[fl
     while time.monotonic() < start_at:
         time.sleep(0.005)
     deadline = time.monotonic() + 240.0
+    busy_until = start_at + min_seconds
     with open(out_path, "w") as out:
-        for _ in range(holds):
+        done = 0
+        while done < holds or time.monotonic() < busy_until:
+            done += 1
             if time.monotonic() > deadline:
                 break
             if not lock.acquire(timeout=60):
@@ -705,7 +710,7 @@ def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[fl
 
 def start_checkers(url: str, kind: str, name: str, processes: int, holds: int,
                    lease: Optional[float], settings: Dict[str, float],
-                   resource: FencedResource, out_dir: str) -> List[Any]:
+                   resource: FencedResource, out_dir: str, min_seconds: float = 0.0) -> List[Any]:
     ctx = multiprocessing.get_context("spawn")
     start_at = time.monotonic() + 3.0  # let every process import and connect first
     procs = []
@@ -713,7 +718,7 @@ def start_checkers(url: str, kind: str, name: str, processes: int, holds: int,
         proc = ctx.Process(
             target=_checker_main, name=f"checker-{i}",
             args=(url, kind, name, holds, lease, settings, resource, 1000 + i,
-                  os.path.join(out_dir, f"intervals-{i}.txt"), start_at),
+                  os.path.join(out_dir, f"intervals-{i}.txt"), start_at, min_seconds),
             daemon=True)
         proc.start()
         procs.append(proc)

@@ -673,7 +673,9 @@ def test_9_mutual_exclusion_with_sigstops(url: str, client: Any, tmp_path: Any, 
     processes, holds, lease = 8, 100, 0.5
     res = FencedResource(str(tmp_path))
     name = f"s9s-{kind}"
-    procs = faults.start_checkers(url, kind, name, processes, holds, lease, {}, res, str(tmp_path))
+    # The run lasts at least 10 s, whatever the lock's speed: time for 3 to 6 stops of 1.25 s.
+    procs = faults.start_checkers(url, kind, name, processes, holds, lease, {}, res, str(tmp_path),
+                                  min_seconds=10.0)
     rng = random.Random(7)
     stopped = 0
     try:
