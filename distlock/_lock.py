@@ -201,15 +201,15 @@ class _LockBase:
                 if deadline.expired():
                     return False
                 bound = deadline.sleep_bound(-reply - 1, cap)
-                if mode == "p":
-                    # Lost the race that a hint started (someone took the lock first): sleep
-                    # unregistered, so that no release wakes this process meanwhile.
+                lost_race = mode == "p"
+                if lost_race:
+                    # Lost the race that a hint started (someone took the lock first): the try
+                    # left this process unregistered, so no release wakes it while it backs off.
                     bound = min(bound, backoff.lost())
-                    session.sleep(waiter, bound, deadline.remaining())
-                    mode = "w"
-                else:
-                    hinted = session.sleep(waiter, bound, deadline.remaining())
-                    mode = "p" if hinted else "w"
+                hinted = session.sleep(waiter, bound, deadline.remaining())
+                # Answer a hint with a try that does not register when it fails; after a
+                # back-off, register again.
+                mode = "p" if hinted and not lost_race else "w"
         finally:
             if session.leave(waiter, acquired) and not acquired:
                 self._unregister(session, waiter)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tu
 import redis
 
 from ._clients import bounded, direct_executor, renewer
-from ._config import Settings, settings
+from ._config import settings
 from ._scripts import script_names, script_source
 
 __all__ = ["Session", "Hold", "Waiter", "session_for"]
@@ -261,7 +261,7 @@ class Session:
         self._watchdog_kick.set()
 
     def _run_deferred(self) -> None:
-        while self._deferred:
+        while True:
             try:
                 task = self._deferred.popleft()
             except IndexError:
@@ -272,8 +272,7 @@ class Session:
                 log.debug("distlock: deferred clean-up failed", exc_info=True)
 
     def _watchdog_loop(self) -> None:
-        cfg: Settings = settings()
-        renew_at = time.monotonic() + cfg.renew_interval
+        renew_at = time.monotonic() + settings().renew_interval
         while not self._closed:
             self._watchdog_kick.wait(max(0.0, renew_at - time.monotonic()))
             self._watchdog_kick.clear()
@@ -283,8 +282,8 @@ class Session:
             if time.monotonic() < renew_at:
                 continue  # woken for deferred work only
             retry_after = self.renew_all()
-            cfg = settings()
-            renew_at = time.monotonic() + (retry_after if retry_after is not None else cfg.renew_interval)
+            renew_at = time.monotonic() + (
+                retry_after if retry_after is not None else settings().renew_interval)
 
     def renew_all(self) -> Optional[float]:
         """Renew every live watchdog hold in one pipelined round trip.
