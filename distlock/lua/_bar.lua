@@ -15,10 +15,6 @@ local bar_t = redis.call('time')
 local NOW_US = tonumber(bar_t[1]) * 1000000 + tonumber(bar_t[2])
 local NOW = math.floor(NOW_US / 1000)
 
-local function fmt(x)
-  return string.format('%.0f', x)
-end
-
 -- The generation after `g`: strictly greater than every generation this name ever had, also
 -- after the state was deleted at rest (floored by the server clock, in µs).
 local function bar_next(g)
@@ -31,18 +27,8 @@ end
 -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
 -- command may use memory (HSET, ZADD may; DEL, HDEL, PEXPIREAT, PERSIST may not) and allows the
 -- writes after it. What must work then (a renewal, a trip, a break: what ends or keeps a wait,
--- never what starts one) writes first with a command that may not, as below.
-
--- bar_outlive(key, until_): make `key` live at least until `until_` (server ms); a key without
--- a TTL (the state while broken) keeps none. A write that never uses memory.
-local function bar_outlive(key, until_)
-  local pttl = redis.call('pttl', key)
-  if pttl >= 0 then
-    redis.call('pexpireat', key, fmt(NOW + math.max(pttl, until_ - NOW)))
-  else
-    redis.call('persist', key)
-  end
-end
+-- never what starts one) writes first with a command that may not: DEL, or outlive() from
+-- _prelude.lua.
 
 -- Break generation `g`: every party waiting in it raises BrokenBarrierError, and the barrier
 -- stays broken, for good, until reset(). `keep` is how long the record of `g` stays, ms.

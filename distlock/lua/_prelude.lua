@@ -1,20 +1,39 @@
 -- Shared by every script: prepended once when the scripts are loaded, so each script stays
 -- one EVALSHA and one round trip.
---
+
+-- fmt(x): a whole number as Redis should get it: Lua's default format would write a large one
+-- with an exponent.
+local function fmt(x)
+  return string.format('%.0f', x)
+end
+
+-- outlive(key, until_, now): make `key` live at least until `until_` (server ms; `now` is the
+-- server's time, ms); a key without a TTL keeps none. Out of memory (maxmemory under
+-- noeviction), Redis refuses a script's first write when that command may use memory (ZADD,
+-- HSET may; PEXPIREAT and PERSIST may not) and allows the writes after it: a renewal that calls
+-- this before its ZADD or HSET works out of memory too.
+local function outlive(key, until_, now)
+  local pttl = redis.call('pttl', key)
+  if pttl >= 0 then
+    redis.call('pexpireat', key, fmt(now + math.max(pttl, until_ - now)))
+  else
+    redis.call('persist', key)
+  end
+end
+
 -- next_token(fence_key): the next fencing token of a name, strictly greater than every
 -- token granted before, also after a restart of a server that kept nothing.
 -- The counter is one INCR. When INCR finds no counter (the name's first grant, or the server
 -- lost its data), the counter starts at the server's clock in microseconds (TIME) instead of
 -- at 1. Earlier tokens can't be above that: each started from an earlier clock reading and grew
 -- by one per grant, and grants (script runs, one at a time) take well over a microsecond each.
--- Tokens stay below 2^53, exact in Lua's doubles; the clock is stored with '%.0f' because
--- Lua's default number format would write an exponent.
+-- Tokens stay below 2^53, exact in Lua's doubles; the clock is stored with fmt (above).
 local function next_token(fence_key)
   local token = redis.call('incr', fence_key)
   if token == 1 then
     local now = redis.call('time')
     token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('set', fence_key, string.format('%.0f', token))
+    redis.call('set', fence_key, fmt(token))
   end
   return token
 end

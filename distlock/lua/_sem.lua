@@ -13,10 +13,6 @@
 local sem_t = redis.call('time')
 local NOW = tonumber(sem_t[1]) * 1000 + math.floor(tonumber(sem_t[2]) / 1000)
 
-local function fmt(x)
-  return string.format('%.0f', x)
-end
-
 -- The recorded value (nil when the semaphore is at rest), the extra count, and how many
 -- counter members there are.
 local function sem_counters()

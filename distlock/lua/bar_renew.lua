@@ -12,7 +12,7 @@ if ARGV[3] == 'w' then
   local score = redis.call('zscore', KEYS[2], ARGV[1])
   if score and tonumber(score) > NOW then
     local renewed = math.max(tonumber(score), deadline)
-    bar_outlive(KEYS[2], renewed)
+    outlive(KEYS[2], renewed, NOW)
     redis.call('zadd', KEYS[2], fmt(renewed), ARGV[1])
     bar_settle()
   end
@@ -20,7 +20,7 @@ else
   local st = redis.call('hmget', KEYS[1], 'ar', 'ad')
   if st[1] == ARGV[1] and tonumber(st[2]) > NOW then
     local renewed = math.max(tonumber(st[2]), deadline)
-    bar_outlive(KEYS[1], renewed)
+    outlive(KEYS[1], renewed, NOW)
     redis.call('hset', KEYS[1], 'ad', fmt(renewed))
     bar_settle()
   end

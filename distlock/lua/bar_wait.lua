@@ -44,7 +44,7 @@ end
 if ARGV[4] == '1' then
   -- The last party goes through out of memory too (TTL first, see _bar.lua): what it starts
   -- ends the generation. A party that would join needs memory, and is refused.
-  bar_outlive(KEYS[1], deadline)
+  outlive(KEYS[1], deadline, NOW)
   redis.call('hset', KEYS[1], 'a', g, 'ad', fmt(deadline), 'ar', ARGV[1])
   bar_settle()
   return {2, index, tonumber(g)}

@@ -10,15 +10,9 @@
 local deadline = redis.call('zscore', KEYS[1], ARGV[1])
 if deadline and tonumber(deadline) > NOW then
   local renewed = math.max(tonumber(deadline), NOW + tonumber(ARGV[2]))
-  -- The TTL first, ZADD after: out of memory (maxmemory under noeviction), Redis refuses a
-  -- script's first write when that command may use memory (ZADD may; PEXPIREAT and PERSIST
-  -- may not) and allows later ones, so a renewal never fails for want of memory.
-  local pttl = redis.call('pttl', KEYS[1])
-  if pttl >= 0 then
-    redis.call('pexpireat', KEYS[1], fmt(NOW + math.max(pttl, renewed - NOW)))
-  else
-    redis.call('persist', KEYS[1])  -- no TTL at all while extra is not 0: it stays so
-  end
+  -- The TTL first, ZADD after, so that a renewal works out of memory too (see outlive in
+  -- _prelude.lua); no TTL at all while extra is not 0: it stays so.
+  outlive(KEYS[1], renewed, NOW)
   redis.call('zadd', KEYS[1], fmt(renewed), ARGV[1])
   return 1
 end
