@@ -660,17 +660,18 @@ class Holder:
 
 
 def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[float],
-                  settings: Dict[str, float], resource: FencedResource, seed: int,
-                  out_path: str, start_at: float, min_seconds: float = 0.0) -> None:
-    """One contender: ``holds`` short holds with random sleeps, and more until ``min_seconds``
-    have passed since the start (so that a test has time to disturb the run, however fast the
-    lock is); intervals go to ``out_path``.
+                  settings: Dict[str, float], resource: Optional[FencedResource], seed: int,
+                  out_path: str, start_at: float, min_seconds: float, give_up_after: float) -> None:
+    """One contender (``make_holdable``: a lock, or a semaphore of value 1): ``holds`` short
+    holds with random sleeps, and more until ``min_seconds`` have passed since the start (so
+    that a test has time to disturb the run, however fast the lock is), for at most
+    ``give_up_after`` seconds; intervals go to ``out_path``.
 
     Each line: start end token outcome, where start is taken after acquire() returned, end
-    before release() is called (both time.monotonic(), which is system-wide on Linux), and
-    outcome is "ok" or the name of the exception release() raised. Between them the holder
-    writes to the fenced resource twice: once at once, once after a random sleep (a SIGSTOP
-    may fall there).
+    before release() is called (both time.monotonic(), which is system-wide on Linux), token is
+    0 for a semaphore (it has none), and outcome is "ok" or the name of the exception release()
+    raised. With a ``resource``, the holder writes to it twice between them: once at once, once
+    after a random sleep (a SIGSTOP may fall there).
     """
     import random
 
@@ -678,10 +679,10 @@ def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[fl
         distlock.configure(**settings)  # type: ignore[arg-type]
     rng = random.Random(seed)
     client = redis.Redis.from_url(url)
-    lock = PRIMITIVES[kind].make(name, client, lease)
+    lock = make_holdable(kind, name, client, lease)
     while time.monotonic() < start_at:
         time.sleep(0.005)
-    deadline = time.monotonic() + 240.0
+    deadline = time.monotonic() + give_up_after
     busy_until = start_at + min_seconds
     with open(out_path, "w") as out:
         done = 0
@@ -693,10 +694,12 @@ def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[fl
                 out.write("0 0 0 timeout\n")
                 continue
             start = time.monotonic()
-            token = lock.token
-            resource.write(token, f"pid{os.getpid()}")
+            token = lock.token or 0
+            if resource is not None:
+                resource.write(token, f"pid{os.getpid()}")
             time.sleep(rng.random() * 0.002)
-            resource.write(token, f"pid{os.getpid()}")
+            if resource is not None:
+                resource.write(token, f"pid{os.getpid()}")
             end = time.monotonic()
             try:
                 lock.release()
@@ -710,7 +713,9 @@ def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[fl
 
 def start_checkers(url: str, kind: str, name: str, processes: int, holds: int,
                    lease: Optional[float], settings: Dict[str, float],
-                   resource: FencedResource, out_dir: str, min_seconds: float = 0.0) -> List[Any]:
+                   resource: Optional[FencedResource], out_dir: str, min_seconds: float = 0.0,
+                   give_up_after: float = 240.0) -> List[Any]:
+    """``processes`` spawned ``_checker_main`` contenders on ``name``, starting together."""
     ctx = multiprocessing.get_context("spawn")
     start_at = time.monotonic() + 3.0  # let every process import and connect first
     procs = []
@@ -718,58 +723,8 @@ def start_checkers(url: str, kind: str, name: str, processes: int, holds: int,
         proc = ctx.Process(
             target=_checker_main, name=f"checker-{i}",
             args=(url, kind, name, holds, lease, settings, resource, 1000 + i,
-                  os.path.join(out_dir, f"intervals-{i}.txt"), start_at, min_seconds),
-            daemon=True)
-        proc.start()
-        procs.append(proc)
-    return procs
-
-
-def _permit_checker_main(url: str, kind: str, name: str, holds: int,
-                         settings: Dict[str, float], seed: int, out_path: str,
-                         start_at: float) -> None:
-    """``_checker_main`` for a semaphore of value 1 (no token: lines carry token 0): ``holds``
-    short holds with random sleeps, each interval taken after acquire() returned and ended
-    before release() is called."""
-    import random
-
-    if settings:
-        distlock.configure(**settings)  # type: ignore[arg-type]
-    rng = random.Random(seed)
-    sem = getattr(distlock, kind)(name, 1, client=redis.Redis.from_url(url))
-    while time.monotonic() < start_at:
-        time.sleep(0.005)
-    deadline = time.monotonic() + 120.0
-    with open(out_path, "w") as out:
-        for _ in range(holds):
-            if time.monotonic() > deadline:
-                break
-            if not sem.acquire(timeout=60):
-                out.write("0 0 0 timeout\n")
-                continue
-            start = time.monotonic()
-            time.sleep(rng.random() * 0.002)
-            end = time.monotonic()
-            try:
-                sem.release()
-                outcome = "ok"
-            except distlock.LockLostError:
-                outcome = "LockLostError"
-            out.write(f"{start:.6f} {end:.6f} 0 {outcome}\n")
-            out.flush()
-            time.sleep(rng.random() * 0.002)
-
-
-def start_permit_checkers(url: str, kind: str, name: str, processes: int, holds: int,
-                          settings: Dict[str, float], out_dir: str) -> List[Any]:
-    ctx = multiprocessing.get_context("spawn")
-    start_at = time.monotonic() + 3.0  # let every process import and connect first
-    procs = []
-    for i in range(processes):
-        proc = ctx.Process(
-            target=_permit_checker_main, name=f"permit-checker-{i}",
-            args=(url, kind, name, holds, settings, 2000 + i,
-                  os.path.join(out_dir, f"intervals-{i}.txt"), start_at),
+                  os.path.join(out_dir, f"intervals-{i}.txt"), start_at, min_seconds,
+                  give_up_after),
             daemon=True)
         proc.start()
         procs.append(proc)

@@ -425,7 +425,8 @@ def test_sem_9_value_1_mutual_exclusion_across_processes(url: str, client: Any, 
     holds overlap on the system-wide monotonic clock, and every release went through."""
     processes, holds = 4, 40
     name = f"ss9-{kind}"
-    procs = faults.start_permit_checkers(url, kind, name, processes, holds, FAST, str(tmp_path))
+    procs = faults.start_checkers(url, kind, name, processes, holds, None, FAST, None,
+                                  str(tmp_path), give_up_after=120.0)
     try:
         for proc in procs:
             proc.join(timeout=150)
