@@ -41,7 +41,7 @@ __all__ = [
     "LockHandle", "LockFactory", "start_server", "connect", "server_meta",
     "interleaved", "per_round_ratios", "median", "percentile",
     "Workers", "expect", "handoff_latency", "contended_throughput", "hold_and_wait",
-    "add_hint_floor", "make_hint_holder", "make_hint_waiter", "pinned",
+    "add_hint_floor", "make_hint_holder", "make_hint_waiter", "pinned", "round_robin",
     "command_calls", "calls_delta", "command_rate", "connections_named",
     "Row", "format_table", "write_json",
 ]
@@ -120,6 +120,13 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 # --- interleaved timing -----------------------------------------------------------------------
 
+def round_robin(names: Sequence[str], rnd: int) -> List[str]:
+    """``names`` in the order of round ``rnd``: rotated by one each round, so that a slow spell
+    of the machine does not always hit the same candidate."""
+    shift = rnd % len(names)
+    return list(names[shift:]) + list(names[:shift])
+
+
 def interleaved(ops: Mapping[str, Callable[[], object]], *, rounds: int, per_round: int,
                 warmup_ops: int = 20, max_seconds: Optional[float] = None) -> Dict[str, List[float]]:
     """Time every candidate in ``rounds`` short rounds; return µs per call, per round.
@@ -138,8 +145,7 @@ def interleaved(ops: Mapping[str, Callable[[], object]], *, rounds: int, per_rou
     started = time.monotonic()
     perf = time.perf_counter
     for rnd in range(rounds):
-        shift = rnd % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in round_robin(names, rnd):
             fn = ops[name]
             t0 = perf()
             for _ in range(per_round):
@@ -398,8 +404,7 @@ def contended_throughput(client: redis.Redis[Any], url: str,
                 if expect(conn, 60.0, "start") != "ready":
                     raise RuntimeError("contended worker failed to start")
         for rnd in range(rounds):
-            shift = rnd % len(labels)
-            for label in labels[shift:] + labels[:shift]:
+            for label in round_robin(labels, rnd):
                 counter_key = candidates[label][2]
                 res = out[label]
                 client.delete(counter_key)

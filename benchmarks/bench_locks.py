@@ -225,14 +225,15 @@ def contended(ctx: Ctx) -> List[C.Row]:
         {impl.label: (impl.factory, f"bench:contended:{impl.key}", f"bench:counter:{impl.key}")
          for impl in chosen},
         procs=k.contended_procs, seconds=k.contended_s, rounds=k.contended_rounds)
-    ref = results.get(REDIS_PY)
+    per_round = {label: res["per_round_ops"] for label, res in results.items()}
+    vs_redis = C.per_round_ratios(per_round, REDIS_PY) if REDIS_PY in per_round else {}
     rows: List[C.Row] = []
     for impl in chosen:
         res = results[impl.label]
         vs = None
         note = ""
-        if ref is not None:
-            ratios = [a / b for a, b in zip(res["per_round_ops"], ref["per_round_ops"])]
+        if vs_redis:
+            ratios = vs_redis[impl.label]
             vs = C.median(ratios)
             res["per_round_vs_redis_py"] = ratios
             note = (f"ratio to redis-py per round {C.percentile(ratios, 25):.2f}-"
