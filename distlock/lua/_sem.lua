@@ -12,6 +12,8 @@
 
 local sem_t = redis.call('time')
 local NOW = tonumber(sem_t[1]) * 1000 + math.floor(tonumber(sem_t[2]) / 1000)
+-- NOW as a string, made from TIME's own digits (no number formatting)
+local NOW_S = sem_t[1] .. string.sub('00000' .. sem_t[2], -6, -4)
 
 -- The recorded value (nil when the semaphore is at rest), the extra count, and how many
 -- counter members there are.
@@ -31,7 +33,7 @@ end
 
 -- Remove expired permits (holders that died); return how many there were.
 local function sem_prune()
-  return redis.call('zremrangebyscore', KEYS[1], 0, NOW)
+  return redis.call('zremrangebyscore', KEYS[1], 0, NOW_S)
 end
 
 -- The hint for waiters when `free` permits are free, sent only while someone waits.
@@ -41,9 +43,33 @@ local function sem_wake(queue_key, channel, free)
   end
 end
 
--- ZREM / ZADD with many arguments, in slices that stay below Lua's stack limit.
-local function sem_sliced(cmd, key, args, step)
-  for i = 1, #args, step do
+-- ZREM / ZADD with many arguments (args[from...], from 1 unless given), in slices that stay
+-- below Lua's stack limit.
+local function sem_sliced(cmd, key, args, step, from)
+  for i = from or 1, #args, step do
     redis.call(cmd, key, unpack(args, i, math.min(i + step - 1, #args)))
   end
+end
+
+-- The scores of '~v', '~x' and of ARGV[from...] in `key`, in that order (false where absent):
+-- one ZMSCORE, in slices when there are many.
+local function sem_scores(key, argv, from)
+  local scores = redis.call('zmscore', key, '~v', '~x', unpack(argv, from, math.min(#argv, from + 997)))
+  for i = from + 998, #argv, 1000 do
+    local more = redis.call('zmscore', key, unpack(argv, i, math.min(i + 999, #argv)))
+    for j = 1, #more do
+      scores[#scores + 1] = more[j]
+    end
+  end
+  return scores
+end
+
+-- A release's reply: the free count, or {free, lost id, ...} when some were lost (`lost`: a
+-- list, or nil for none).
+local function sem_release_reply(free, lost)
+  if lost and #lost > 0 then
+    table.insert(lost, 1, free)
+    return lost
+  end
+  return free
 end

@@ -16,27 +16,43 @@
 -- Expired permits (a holder that died) are removed first; when that frees more than this try
 -- takes, the waiters are told.
 local value = tonumber(ARGV[3])
+local lease = tonumber(ARGV[2])
+local queue = ARGV[4]
+-- The permit goes in first, with the value when none is recorded: every existing semaphore key
+-- holds '~v', so adding both means it was at rest, where a permit is always free (value >= 1;
+-- value 0 is refused below as any full semaphore is). That is the uncontended path: three
+-- commands. Otherwise the permit was added before its check and is taken out when refused.
+local added, until_ = 0, fmt(NOW + lease)
+if value > 0 then
+  added = redis.call('zadd', KEYS[1], 'nx', until_, ARGV[1], fmt(-(value + 1)), '~v')
+end
+if added == 2 then
+  redis.call('pexpireat', KEYS[1], until_)
+  if queue then
+    redis.call('zrem', KEYS[2], ARGV[1])
+  end
+  return value
+end
 local recorded, extra, counters = sem_counters()
 if recorded and recorded ~= value then
+  if added == 1 then
+    redis.call('zrem', KEYS[1], ARGV[1])
+  end
   return 0
 end
 local pruned, free = 0, value
 if recorded then  -- (at rest the key does not exist: nothing to prune or count)
   pruned = sem_prune()
-  free = value + extra - (redis.call('zcard', KEYS[1]) - counters)
+  -- the permits held, not counting this try's own when it went in already
+  free = value + extra - (redis.call('zcard', KEYS[1]) - counters - added)
 end
-local queue = ARGV[4]
 if free > 0 then
-  local lease = tonumber(ARGV[2])
-  if not recorded then
-    redis.call('zadd', KEYS[1], fmt(NOW + lease), ARGV[1], fmt(-(value + 1)), '~v')
-    redis.call('pexpireat', KEYS[1], fmt(NOW + lease))
-  else
-    redis.call('zadd', KEYS[1], fmt(NOW + lease), ARGV[1])
-    -- extra 0: the key lives at least as long as this lease; otherwise it has no TTL at all
-    if extra == 0 and redis.call('pttl', KEYS[1]) < lease then
-      redis.call('pexpireat', KEYS[1], fmt(NOW + lease))
-    end
+  if added == 0 then
+    redis.call('zadd', KEYS[1], until_, ARGV[1])
+  end
+  -- extra 0: the key lives at least as long as this lease; otherwise it has no TTL at all
+  if extra == 0 and redis.call('pttl', KEYS[1]) < lease then
+    redis.call('pexpireat', KEYS[1], until_)
   end
   if queue then
     redis.call('zrem', KEYS[2], ARGV[1])
@@ -46,13 +62,17 @@ if free > 0 then
   end
   return free
 end
+if added == 1 then
+  redis.call('zrem', KEYS[1], ARGV[1])
+end
 if queue == '0' then
   redis.call('zrem', KEYS[2], ARGV[1])
 elseif queue then
-  local until_ = NOW + tonumber(queue)
-  redis.call('zadd', KEYS[2], fmt(until_), ARGV[1])
-  if redis.call('pttl', KEYS[2]) < until_ - NOW then
-    redis.call('pexpireat', KEYS[2], fmt(until_))
+  local entry_ms = tonumber(queue)
+  local entry_until = fmt(NOW + entry_ms)
+  redis.call('zadd', KEYS[2], entry_until, ARGV[1])
+  if redis.call('pttl', KEYS[2]) < entry_ms then
+    redis.call('pexpireat', KEYS[2], entry_until)
   end
 end
 local first = redis.call('zrangebyscore', KEYS[1], 0, '+inf', 'withscores', 'limit', 0, 1)

@@ -21,25 +21,31 @@
 -- An id found among the handed ones was released on its owner's behalf before: releasing it
 -- again counts as a release beyond the permits held, as it does in threading.
 local value = tonumber(ARGV[1])
-local recorded, extra, counters = sem_counters()
+-- One read for the counters and the deadlines of the caller's permits.
+local scores = sem_scores(KEYS[1], ARGV, 4)
+local recorded = scores[1] and -tonumber(scores[1]) - 1
+local extra = scores[2] and -tonumber(scores[2]) - 1 or 0
 if recorded and recorded ~= value then
   return -2
 end
 local live = 0
 if recorded then
-  live = redis.call('zcount', KEYS[1], '(' .. fmt(NOW), '+inf')
+  live = redis.call('zcount', KEYS[1], '(' .. NOW_S, '+inf')
 end
-local mine, handed, lost = {}, {}, {}
+-- The caller's permits still held are counted (the common case: all of them, so no table is
+-- built for them); the others were handed (released on the owner's behalf) or lost.
+local n_mine, handed, lost = 0, nil, nil
 for i = 4, #ARGV do
-  local deadline = redis.call('zscore', KEYS[1], ARGV[i])
+  local deadline = scores[i - 1]
   if deadline and tonumber(deadline) > NOW then
-    mine[#mine + 1] = ARGV[i]
+    n_mine = n_mine + 1
   else
     if deadline then
       redis.call('zrem', KEYS[1], ARGV[i])  -- expired: it came back already
     end
-    if #handed + #lost == 0 then
-      redis.call('zremrangebyscore', KEYS[2], 0, NOW)
+    if not handed then
+      handed, lost = {}, {}
+      redis.call('zremrangebyscore', KEYS[2], 0, NOW_S)
     end
     if redis.call('zscore', KEYS[2], ARGV[i]) then
       handed[#handed + 1] = ARGV[i]
@@ -48,9 +54,9 @@ for i = 4, #ARGV do
     end
   end
 end
-local rest = tonumber(ARGV[3]) - (#ARGV - 3) + #handed
+local rest = tonumber(ARGV[3]) - (#ARGV - 3) + (handed and #handed or 0)
 local free = value + extra - live
-local raised = #mine + rest
+local raised = n_mine + rest
 if ARGV[2] == '1' and free + raised > value then
   return -1
 end
@@ -60,13 +66,30 @@ end
 if free + raised > 9007199254740991 then
   return -3
 end
-sem_sliced('zrem', KEYS[1], mine, 1000)
-sem_sliced('zrem', KEYS[2], handed, 1000)
-live = live - #mine
+live = live - n_mine
+-- Taking the caller's permits out one by one is needless when the key goes anyway (at rest
+-- afterwards: the common release of one's own permit is then one DEL).
+if rest > 0 or live > 0 or extra > 0 then
+  if handed then
+    local mine = {}
+    for i = 4, #ARGV do
+      local deadline = scores[i - 1]
+      if deadline and tonumber(deadline) > NOW then
+        mine[#mine + 1] = ARGV[i]
+      end
+    end
+    sem_sliced('zrem', KEYS[1], mine, 1000)
+  else
+    sem_sliced('zrem', KEYS[1], ARGV, 1000, 4)
+  end
+end
+if handed then
+  sem_sliced('zrem', KEYS[2], handed, 1000)
+end
 if rest > 0 then
   local others = {}
   if live > 0 then
-    others = redis.call('zrangebyscore', KEYS[1], '(' .. fmt(NOW), '+inf', 'withscores',
+    others = redis.call('zrangebyscore', KEYS[1], '(' .. NOW_S, '+inf', 'withscores',
                         'limit', 0, rest)
   end
   local ids, entries = {}, {}
@@ -93,8 +116,4 @@ if live == 0 and extra == 0 then
 end
 free = free + raised
 sem_wake(KEYS[3], KEYS[4], free)
-if #lost > 0 then
-  table.insert(lost, 1, free)
-  return lost
-end
-return free
+return sem_release_reply(free, lost)
