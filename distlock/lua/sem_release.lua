@@ -21,6 +21,18 @@
 -- An id found among the handed ones was released on its owner's behalf before: releasing it
 -- again counts as a release beyond the permits held, as it does in threading.
 local value = tonumber(ARGV[1])
+-- The common release, release(1) of the caller's one permit while nothing else is held and the
+-- count was never raised: the lowest three members are then the value and that permit, and
+-- nothing else; one read tells, and the key goes.
+if #ARGV == 4 and ARGV[3] == '1' then
+  local low = redis.call('zrange', KEYS[1], 0, 2, 'withscores')
+  if #low == 4 and low[1] == '~v' and low[3] == ARGV[4] and tonumber(low[4]) > NOW
+      and -tonumber(low[2]) - 1 == value then
+    redis.call('del', KEYS[1])
+    sem_wake(KEYS[3], KEYS[4], value)
+    return value
+  end
+end
 -- One read for the counters and the deadlines of the caller's permits.
 local scores = sem_scores(KEYS[1], ARGV, 4)
 local recorded = scores[1] and -tonumber(scores[1]) - 1
