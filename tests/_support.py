@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, List, Tuple
 
@@ -12,6 +13,20 @@ BOUND = 20.0
 def distlock_keys(client: Any) -> List[str]:
     """Every distlock key on the server, sorted (SCAN, never KEYS)."""
     return sorted(k.decode() for k in client.scan_iter(match="distlock:*", count=1000))
+
+
+def sem_permits(client: Any, key: str) -> List[Tuple[bytes, float]]:
+    """The permits recorded in semaphore key ``key`` (expired ones included, counters left
+    out), as (id, lease deadline in server ms), by deadline. A permit taken at rest is scored
+    +inf in Redis: its deadline is the key's expiry, read here as the server's time + PTTL."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zrangebyscore(key, 0, "+inf", withscores=True)
+        pipe.time()
+        pipe.pttl(key)
+        rows, (seconds, micros), pttl = pipe.execute()
+    expiry = seconds * 1000 + micros // 1000 + pttl
+    return sorted(((member, expiry if math.isinf(score) else score) for member, score in rows),
+                  key=lambda row: row[1])
 
 
 def until(check: Callable[[], Any], bound: float = BOUND) -> None:

@@ -36,6 +36,7 @@ import _sync_workers
 import faults
 import pytest
 import redis
+from _support import sem_permits
 from faults import SEMAPHORES, FaultProxy, Holder
 from test_faults import FAST, SLACK, B, bounded_client, numsub, pubsub_clients, start
 
@@ -116,7 +117,7 @@ def sem_keys(name: str) -> SemKeys:
 
 def permits(client: Any, name: str) -> List[Any]:
     """The permits recorded for semaphore ``name`` (expired ones included), counters left out."""
-    return list(client.zrangebyscore(sem_keys(name).sem, 0, "+inf", withscores=True))
+    return sem_permits(client, sem_keys(name).sem)
 
 
 def permit_left_ms(client: Any, name: str) -> int:

@@ -87,11 +87,11 @@ def test_scripts_ship_with_the_package() -> None:
 def test_every_script_carries_the_helpers_it_uses_and_no_others(name: str) -> None:
     source = script_source(name)
     code = re.sub(r"--.*", "", source)
-    defined = set(re.findall(r"^local\s+function\s+(\w+)|^local\s+(\w+)\s*=", code, re.M))
-    defined_names = {a or b for a, b in defined}
+    defined = re.findall(r"^local\s+function\s+(\w+)|^local\s+([\w\s,]+?)\s*=", code, re.M)
+    defined_names = {n.strip() for a, b in defined for n in (a or b).split(",")}
     for helper in helper_names(name):
-        used = re.search(r"(?<![\w.:])" + helper + r"\b", code.replace(f"local function {helper}(", "")
-                         .replace(f"local {helper} =", ""))
+        used = re.search(r"(?<![\w.:])" + helper + r"\b",
+                         re.sub(r"^local\s+(function\s+)?" + helper + r"\b", "", code, flags=re.M))
         if used:
             assert helper in defined_names, f"{name} uses {helper} without defining it"
         else:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import _sync_workers
 import pytest
 from _procs import Children, recv
-from _support import BOUND, outcome
+from _support import BOUND, outcome, sem_permits
 from _support import distlock_keys as _keys
 from _support import until as _until
 
@@ -40,7 +40,7 @@ def _name(prefix: str = "sem") -> str:
 
 def _permits(client: Any, sem: Any) -> List[Tuple[bytes, float]]:
     """The permits held on ``sem`` (without its counters), by lease deadline."""
-    return client.zrangebyscore(sem._keys.sem, 0, "+inf", withscores=True)
+    return sem_permits(client, sem._keys.sem)
 
 
 # --- semaphore types --------------------------------------------------------------------------
@@ -455,6 +455,29 @@ def test_explicit_lease_expires_and_release_reports_it(client: Any) -> None:
     assert _keys(client) == []
 
 
+def test_permit_taken_at_rest_lives_by_the_key_until_settled(client: Any) -> None:
+    """The uncontended path reads no clock: a permit taken at rest is scored +inf, and its
+    deadline is the key's expiry. The next acquire writes that deadline out before it adds its
+    own permit (which may extend the key), so each permit still ends with its own lease."""
+    name = _name()
+    first = DistSemaphore(name, 2, client=client, lease=5)
+    assert first.acquire() is True
+    key = first._keys.sem
+    ((member, score),) = client.zrangebyscore(key, 0, "+inf", withscores=True)
+    assert math.isinf(score) and 4000 < client.pttl(key) <= 5000
+    second = DistSemaphore(name, 2, client=client, lease=8)
+    assert second.acquire() is True
+    seconds, micros = client.time()
+    now = seconds * 1000 + micros // 1000
+    deadlines = dict(client.zrangebyscore(key, 0, "+inf", withscores=True))
+    assert len(deadlines) == 2 and not any(math.isinf(d) for d in deadlines.values())
+    assert 3000 < deadlines[member] - now <= 5000  # the first permit kept its own lease
+    assert 7000 < client.pttl(key) <= 8000  # the key lives as long as the latest lease
+    second.release()
+    first.release()
+    assert _keys(client) == []
+
+
 def test_release_on_another_processs_behalf(client: Any, other_client: Any) -> None:
     """A process that holds no permit releases one: the permit another process holds (whose
     lease runs out first) is given back, and its owner forgets it quietly."""
@@ -498,11 +521,11 @@ def test_bounded_release_on_behalf_then_owner_release_is_too_many(client: Any,
 def test_calling_thread_permit_goes_back_first(client: Any) -> None:
     sem = DistSemaphore(_name(), 2, client=client)
     sem.acquire()
-    mine = _permits(client, sem)
+    mine = {member for member, _ in _permits(client, sem)}
     in_thread(sem.acquire)
-    theirs = set(_permits(client, sem)) - set(mine)
+    theirs = {member for member, _ in _permits(client, sem)} - mine
     sem.release()  # this thread's permit goes back; the other thread's stays
-    assert set(_permits(client, sem)) == theirs
+    assert {member for member, _ in _permits(client, sem)} == theirs
     in_thread(sem.release)
     assert _keys(client) == []
 

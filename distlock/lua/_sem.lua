@@ -1,5 +1,5 @@
--- Helpers of the sem_* scripts (DistSemaphore, DistBoundedSemaphore), prepended after
--- _prelude.lua.
+-- Helpers of the sem_* scripts (DistSemaphore, DistBoundedSemaphore); a script gets the ones
+-- it uses, after those of _prelude.lua.
 -- KEYS[1] of every sem_* script is the semaphore: one sorted set holding
 --   permit id -> lease deadline (server ms, > 0), one member per held permit, and
 --   '~v' -> -(value + 1): the value the semaphore was created with,
@@ -9,11 +9,37 @@
 -- them, and they are read in one range. Free permits = value + extra - live permits.
 -- The key lives as long as its latest lease while extra is 0, for good while it is not, and not
 -- at all at rest (nothing held, extra 0): a semaphore at rest leaves nothing in Redis.
+-- A permit taken while the semaphore was at rest is scored +inf instead: its deadline is the
+-- key's own expiry (the key is created with that permit's lease as its TTL, and its renewals
+-- extend the TTL), so the uncontended acquire and release never read the clock. It is then the
+-- only permit; every other path settles it first (sem_settle) and it becomes a plain one.
 
-local sem_t = redis.call('time')
-local NOW = tonumber(sem_t[1]) * 1000 + math.floor(tonumber(sem_t[2]) / 1000)
--- NOW as a string, made from TIME's own digits (no number formatting)
-local NOW_S = sem_t[1] .. string.sub('00000' .. sem_t[2], -6, -4)
+-- The server's clock, ms, as a number and as a string: one TIME, read by the first helper that
+-- asks.
+local sem_clock, sem_clock_s = nil, nil
+local function sem_now()
+  if not sem_clock then
+    local t = redis.call('time')
+    sem_clock = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    sem_clock_s = t[1] .. string.sub('00000' .. t[2], -6, -4)  -- TIME's digits, unformatted
+  end
+  return sem_clock, sem_clock_s
+end
+
+-- Give the +inf permit, if there is one other than `except` (a caller's own placeholder), its
+-- deadline: the key's expiry, now + PTTL. Called before anything that may add a permit, raise
+-- the count (no TTL) or hand permits over. (The key always has a TTL while a +inf permit is in
+-- it: only the count raised takes the TTL away, and that path settles first. Without one, the
+-- permit is taken as expired: it would otherwise never end.)
+local function sem_settle(except)
+  local found = redis.call('zrangebyscore', KEYS[1], '+inf', '+inf')
+  for i = 1, #found do
+    if found[i] ~= except then
+      local pttl = math.max(0, redis.call('pttl', KEYS[1]))
+      redis.call('zadd', KEYS[1], 'xx', fmt(sem_now() + pttl), found[i])
+    end
+  end
+end
 
 -- The recorded value (nil when the semaphore is at rest), the extra count, and how many
 -- counter members there are.
@@ -33,7 +59,8 @@ end
 
 -- Remove expired permits (holders that died); return how many there were.
 local function sem_prune()
-  return redis.call('zremrangebyscore', KEYS[1], 0, NOW_S)
+  local _, now_s = sem_now()
+  return redis.call('zremrangebyscore', KEYS[1], 0, now_s)
 end
 
 -- The hint for waiters when `free` permits are free, sent only while someone waits.

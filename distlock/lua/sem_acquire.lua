@@ -18,21 +18,23 @@
 local value = tonumber(ARGV[3])
 local lease = tonumber(ARGV[2])
 local queue = ARGV[4]
--- The permit goes in first, with the value when none is recorded: every existing semaphore key
--- holds '~v', so adding both means it was at rest, where a permit is always free (value >= 1;
--- value 0 is refused below as any full semaphore is). That is the uncontended path: three
--- commands. Otherwise the permit was added before its check and is taken out when refused.
-local added, until_ = 0, fmt(NOW + lease)
+-- The permit goes in first, scored +inf, with the value when none is recorded: every existing
+-- semaphore key holds '~v', so adding both means it was at rest, where a permit is always free
+-- (value >= 1; value 0 is refused below as any full semaphore is). That is the uncontended
+-- path: two commands, and the key's TTL is the permit's lease (see _sem.lua). Otherwise the
+-- permit went in as a placeholder: it gets its deadline when granted, and goes when refused.
+local added = 0
 if value > 0 then
-  added = redis.call('zadd', KEYS[1], 'nx', until_, ARGV[1], fmt(-(value + 1)), '~v')
+  added = redis.call('zadd', KEYS[1], 'nx', '+inf', ARGV[1], fmt(-(value + 1)), '~v')
 end
 if added == 2 then
-  redis.call('pexpireat', KEYS[1], until_)
+  redis.call('pexpire', KEYS[1], ARGV[2])
   if queue then
     redis.call('zrem', KEYS[2], ARGV[1])
   end
   return value
 end
+local NOW = sem_now()
 local recorded, extra, counters = sem_counters()
 if recorded and recorded ~= value then
   if added == 1 then
@@ -42,14 +44,14 @@ if recorded and recorded ~= value then
 end
 local pruned, free = 0, value
 if recorded then  -- (at rest the key does not exist: nothing to prune or count)
+  sem_settle(ARGV[1])
   pruned = sem_prune()
   -- the permits held, not counting this try's own when it went in already
   free = value + extra - (redis.call('zcard', KEYS[1]) - counters - added)
 end
 if free > 0 then
-  if added == 0 then
-    redis.call('zadd', KEYS[1], until_, ARGV[1])
-  end
+  local until_ = fmt(NOW + lease)
+  redis.call('zadd', KEYS[1], until_, ARGV[1])
   -- extra 0: the key lives at least as long as this lease; otherwise it has no TTL at all
   if extra == 0 and redis.call('pttl', KEYS[1]) < lease then
     redis.call('pexpireat', KEYS[1], until_)

@@ -23,16 +23,18 @@
 local value = tonumber(ARGV[1])
 -- The common release, release(1) of the caller's one permit while nothing else is held and the
 -- count was never raised: the lowest three members are then the value and that permit, and
--- nothing else; one read tells, and the key goes.
+-- nothing else; one read tells (a +inf permit is live: the key is), and the key goes.
 if #ARGV == 4 and ARGV[3] == '1' then
   local low = redis.call('zrange', KEYS[1], 0, 2, 'withscores')
-  if #low == 4 and low[1] == '~v' and low[3] == ARGV[4] and tonumber(low[4]) > NOW
-      and -tonumber(low[2]) - 1 == value then
+  if #low == 4 and low[1] == '~v' and low[3] == ARGV[4] and -tonumber(low[2]) - 1 == value
+      and (low[4] == 'inf' or tonumber(low[4]) > (sem_now())) then
     redis.call('del', KEYS[1])
     sem_wake(KEYS[3], KEYS[4], value)
     return value
   end
 end
+local NOW, NOW_S = sem_now()
+sem_settle()
 -- One read for the counters and the deadlines of the caller's permits.
 local scores = sem_scores(KEYS[1], ARGV, 4)
 local recorded = scores[1] and -tonumber(scores[1]) - 1

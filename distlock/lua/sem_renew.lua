@@ -8,6 +8,16 @@
 --          0 when it is gone: its lease ran out (never extended then; an expired member is
 --          removed).
 local deadline = redis.call('zscore', KEYS[1], ARGV[1])
+if deadline == 'inf' then
+  -- taken at rest: its deadline is the key's expiry (see _sem.lua), which is what to extend;
+  -- PEXPIRE uses no memory, so this works out of memory too
+  local pttl = redis.call('pttl', KEYS[1])
+  if pttl >= 0 and pttl < tonumber(ARGV[2]) then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+  end
+  return 1
+end
+local NOW = sem_now()
 if deadline and tonumber(deadline) > NOW then
   local renewed = math.max(tonumber(deadline), NOW + tonumber(ARGV[2]))
   -- The TTL first, ZADD after, so that a renewal works out of memory too (see outlive in
