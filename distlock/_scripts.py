@@ -42,7 +42,8 @@ class _Helper(NamedTuple):
     code: str  # its code without comments, to look for what it uses
 
 
-_DEFINES = re.compile(r"local\s+function\s+(\w+)|local\s+([\w\s,]+?)\s*=")
+#: what a helper block defines: ``local function name`` or ``local a, b =`` (on one line)
+_DEFINES = re.compile(r"local\s+function\s+(\w+)|local[ \t]+([\w \t,]+?)[ \t]*=")
 _COMMENT = re.compile(r"--.*")
 
 
@@ -57,7 +58,9 @@ def _uses(code: str, name: str) -> bool:
 @functools.cache
 def _helpers(filename: str) -> Tuple[_Helper, ...]:
     """Split a helpers file into its top-level definitions: each starts at a line that begins
-    with ``local`` (its comment lines above go with it) and runs up to the next one."""
+    with ``local`` (its comment lines above go with it) and runs up to the next one. The
+    helper files keep to what this can split: ``--`` line comments only, and no ``--`` inside
+    a string (the search for what a helper uses skips comments)."""
     blocks: List[List[str]] = []
     pending: List[str] = []  # comment or blank lines not yet given to a block
     for line in _read(filename).splitlines():
@@ -73,9 +76,11 @@ def _helpers(filename: str) -> Tuple[_Helper, ...]:
     for lines in blocks:
         text = "\n".join(lines)
         code = _code(text)
-        first = _DEFINES.search(code)
-        if first is None:  # pragma: no cover - every block starts with `local`
-            raise ValueError(f"{filename}: cannot tell what this defines:\n{text}")
+        first = _DEFINES.match(code.lstrip())
+        if first is None or "--[[" in text or re.search(r"^function\b", code, re.M):
+            # (a forward declaration, a block comment or a global function would be split or
+            # attributed wrongly: the helper files keep to what this reads)
+            raise ValueError(f"{filename}: not a helper this loader can split out:\n{text}")
         names = first.group(1) or first.group(2)
         helpers.append(_Helper(tuple(n.strip() for n in names.split(",")), text, code))
     return tuple(helpers)

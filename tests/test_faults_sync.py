@@ -381,16 +381,23 @@ def test_sem_6_script_flush_mid_run(client: Any, kind: str) -> None:
 @pytest.mark.parametrize("kind", SEMAPHORES)
 def test_sem_7_out_of_memory_release_and_renew_still_work(client: Any, kind: str) -> None:
     distlock.configure(**FAST)
-    watched_name, leased_name = f"ss7-{kind}-w", f"ss7-{kind}-l"
+    watched_name, leased_name, single_name = f"ss7-{kind}-w", f"ss7-{kind}-l", f"ss7-{kind}-s"
     with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
         full = redis.Redis.from_url(server.url)
+        stranger_client = redis.Redis.from_url(server.url)
         try:
             watched = sem(kind, watched_name, full, value=3)
             leased = sem(kind, leased_name, full, lease=30.0)
             assert watched.acquire(blocking=False) and watched.acquire(blocking=False)
             assert leased.acquire(blocking=False)
+            # taken at rest (a +inf permit, see _sem.lua): another process' tries and its
+            # release on the holder's behalf must work out of memory too
+            single = sem(kind, single_name, full, value=1)
+            assert single.acquire(blocking=False)
+            stranger = sem(kind, single_name, stranger_client, value=1)
             lost: List[Any] = []
             watched.on_lost(lost.append)
+            single.on_lost(lost.append)
             used = int(full.info("memory")["used_memory"])
             full.config_set("maxmemory", used + 256 * 1024)
             with pytest.raises(redis.exceptions.OutOfMemoryError):
@@ -405,14 +412,24 @@ def test_sem_7_out_of_memory_release_and_renew_still_work(client: Any, kind: str
             assert len(permits(full, watched_name)) == 2 and permit_left_ms(full, watched_name) > 0
             with pytest.raises(redis.exceptions.OutOfMemoryError):  # a new semaphore needs memory
                 sem(kind, f"ss7-{kind}-new", full).acquire(blocking=False)
+            assert stranger.acquire(blocking=False) is False  # a refused try
+            assert stranger.acquire(timeout=0.3) is False  # a waiter's looks
+            stranger.release()  # hands the holder's permit over
+            assert permits(full, single_name) == []
+            time.sleep(FAST["lease"])  # the holder's watchdog finds it handed: forgotten, no loss
+            holds = single._session().holds
+            assert not [h for (key, _), h in holds.items() if key == single._keys.sem]
+            assert not lost
             watched.release()  # one of two
             assert len(permits(full, watched_name)) == 1
             watched.release()
             leased.release()
             assert at_rest(full, watched_name) and at_rest(full, leased_name)
+            assert at_rest(full, single_name)
         finally:
             reset_sessions()
             full.close()
+            stranger_client.close()
 
 
 # --- semaphores: 9. mutual exclusion with value 1 --------------------------------------------

@@ -26,17 +26,31 @@ local function sem_now()
   return sem_clock, sem_clock_s
 end
 
+-- Whether a permit's score (as Redis gives it) is a live lease at `now`: +inf always is (the
+-- key exists, and it is the key's expiry).
+local function sem_live(score, now)
+  return score == 'inf' or tonumber(score) > now
+end
+
 -- Give the +inf permit, if there is one other than `except` (a caller's own placeholder), its
 -- deadline: the key's expiry, now + PTTL. Called before anything that may add a permit, raise
 -- the count (no TTL) or hand permits over. (The key always has a TTL while a +inf permit is in
 -- it: only the count raised takes the TTL away, and that path settles first. Without one, the
 -- permit is taken as expired: it would otherwise never end.)
+-- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
+-- command may use memory, as ZADD may, and allows the writes after it; setting the TTL to what
+-- it is first (PEXPIRE uses none) keeps releases and refused tries working then.
 local function sem_settle(except)
   local found = redis.call('zrangebyscore', KEYS[1], '+inf', '+inf')
   for i = 1, #found do
     if found[i] ~= except then
-      local pttl = math.max(0, redis.call('pttl', KEYS[1]))
-      redis.call('zadd', KEYS[1], 'xx', fmt(sem_now() + pttl), found[i])
+      local pttl = redis.call('pttl', KEYS[1])
+      if pttl >= 0 then
+        redis.call('pexpire', KEYS[1], math.max(1, pttl))
+      else
+        redis.call('persist', KEYS[1])
+      end
+      redis.call('zadd', KEYS[1], 'xx', fmt(sem_now() + math.max(0, pttl)), found[i])
     end
   end
 end

@@ -23,9 +23,18 @@ local queue = ARGV[4]
 -- (value >= 1; value 0 is refused below as any full semaphore is). That is the uncontended
 -- path: two commands, and the key's TTL is the permit's lease (see _sem.lua). Otherwise the
 -- permit went in as a placeholder: it gets its deadline when granted, and goes when refused.
+-- Out of memory, Redis refuses this ZADD (a first write that may use memory); the try goes on
+-- without a placeholder, and its later writes are allowed once one that uses none ran (the
+-- prune, or sem_settle's TTL), so that a refused try and a waiter's look still work.
 local added = 0
 if value > 0 then
-  added = redis.call('zadd', KEYS[1], 'nx', '+inf', ARGV[1], fmt(-(value + 1)), '~v')
+  added = redis.pcall('zadd', KEYS[1], 'nx', '+inf', ARGV[1], fmt(-(value + 1)), '~v')
+  if type(added) == 'table' then  -- an error reply: out of memory
+    if not tostring(added.err):find('OOM') then
+      return redis.error_reply(added.err)
+    end
+    added = 0
+  end
 end
 if added == 2 then
   redis.call('pexpire', KEYS[1], ARGV[2])
@@ -79,7 +88,10 @@ elseif queue then
 end
 local first = redis.call('zrangebyscore', KEYS[1], 0, '+inf', 'withscores', 'limit', 0, 1)
 if first[2] then
-  return -(math.max(1, tonumber(first[2]) - NOW) + 1)
+  -- (a +inf permit left here can only be this try's own, granted before and asked again: the
+  -- key's TTL is its bound)
+  local left = first[2] == 'inf' and redis.call('pttl', KEYS[1]) or tonumber(first[2]) - NOW
+  return -(math.max(1, left) + 1)
 end
 if extra == 0 and recorded then
   redis.call('del', KEYS[1])  -- only expired permits were left: now at rest
