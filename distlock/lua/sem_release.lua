@@ -27,7 +27,7 @@ local value = tonumber(ARGV[1])
 if #ARGV == 4 and ARGV[3] == '1' then
   local low = redis.call('zrange', KEYS[1], 0, 2, 'withscores')
   if #low == 4 and low[1] == '~v' and low[3] == ARGV[4] and -tonumber(low[2]) - 1 == value
-      and sem_live(low[4], (sem_now())) then
+      and (low[4] == 'inf' or sem_live(low[4], (sem_now()))) then
     redis.call('del', KEYS[1])
     sem_wake(KEYS[3], KEYS[4], value)
     return value

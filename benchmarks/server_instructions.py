@@ -1,0 +1,160 @@
+#!/usr/bin/env python
+"""Server-side cost of an uncontended acquire+release, in instructions, not seconds.
+
+Runs a private ``redis-server`` on 127.0.0.1 under ``valgrind --tool=callgrind`` with
+instrumentation off, turns it on around ``--ops`` calls of each candidate (after a warm-up), and
+reads the instruction count the server executed for them from a callgrind dump. Instruction
+counts repeat run after run whatever else the machine is doing, where the timings of
+``bench_locks.py`` / ``bench_sync.py`` swing by 10-20 % on a small VM; they show what a
+change to a Lua script costs the server, and nothing of the client or the network.
+
+Candidates: the floor (two ``EVALSHA`` of ``return 1``), DistLock, DistRLock, DistSemaphore
+and DistBoundedSemaphore (value 1). The server runs with ``hz 1`` so that its timer work,
+slowed down by valgrind, adds little to the counts.
+
+Usage::
+
+    python benchmarks/server_instructions.py [--ops N] [--json out.json]
+
+Needs ``valgrind`` (with ``callgrind_control``) and ``redis-server`` on PATH. Takes about a
+minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+import redis
+
+if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``distlock`` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import _common as C  # noqa: E402
+from distlock import DistBoundedSemaphore, DistLock, DistRLock, DistSemaphore  # noqa: E402
+from distlock._server import free_port  # noqa: E402
+
+WARMUP = 50
+
+
+class CallgrindServer:
+    """redis-server under callgrind, instrumentation off until ``count`` asks for it."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+             f"--callgrind-out-file={folder}/cg.%p", "redis-server", "--port", str(self.port),
+             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.client = redis.Redis(host="127.0.0.1", port=self.port)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError as exc:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("redis-server under valgrind did not start") from exc
+                time.sleep(0.2)
+        self.dumps = 0
+
+    def _control(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, str(self.proc.pid)], check=True,
+                       capture_output=True)
+
+    def count(self, fn: Callable[[], object], ops: int) -> float:
+        """Server instructions per call of ``fn``."""
+        for _ in range(WARMUP):
+            fn()
+        self._control("-i", "on")
+        for _ in range(ops):
+            fn()
+        self._control("-i", "off")
+        self._control("-d", "bench")
+        self.dumps += 1
+        path = f"{self.folder}/cg.{self.proc.pid}.{self.dumps}"
+        deadline = time.monotonic() + 60
+        while True:
+            text = open(path).read() if os.path.exists(path) else ""
+            found = re.search(r"^totals:\s+(\d+)", text, re.M)
+            if found:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no callgrind dump at {path}")
+            time.sleep(0.2)
+        self._control("-z")
+        return int(found.group(1)) / ops
+
+    def stop(self) -> None:
+        try:
+            self.client.shutdown(nosave=True)
+        except redis.RedisError:
+            pass
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _cycle(obj: object) -> Callable[[], None]:
+    acquire, release = obj.acquire, obj.release  # type: ignore[attr-defined]
+
+    def cycle() -> None:
+        acquire()
+        release()
+
+    return cycle
+
+
+def main(argv: List[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ops", type=int, default=300, help="calls counted per candidate")
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args(argv)
+    for tool in ("valgrind", "callgrind_control", "redis-server"):
+        if shutil.which(tool) is None:
+            print(f"{tool} is not on PATH", file=sys.stderr)
+            return 2
+    with tempfile.TemporaryDirectory(prefix="distlock-cg-") as folder:
+        server = CallgrindServer(folder)
+        try:
+            client = server.client
+            script = client.register_script("return 1")
+            ops: Dict[str, Callable[[], object]] = {
+                "floor": lambda: (script(), script()),
+                "DistLock": _cycle(DistLock("bench:cg:lock", client=client)),
+                "DistRLock": _cycle(DistRLock("bench:cg:rlock", client=client)),
+                "DistSemaphore": _cycle(DistSemaphore("bench:cg:sem", 1, client=client)),
+                "DistBoundedSemaphore": _cycle(DistBoundedSemaphore("bench:cg:bsem", 1,
+                                                                    client=client)),
+            }
+            counts = {}
+            for label, fn in ops.items():
+                C.eprint(f"counting {label} ({args.ops} calls)")
+                counts[label] = server.count(fn, args.ops)
+        finally:
+            server.stop()
+    floor = counts["floor"]
+    rows = [C.Row("server instructions, uncontended acquire+release",
+                  "2 x EVALSHA 'return 1'" if label == "floor" else label, value, "instr/op",
+                  value / floor, note=f"{args.ops} calls under callgrind")
+            for label, value in counts.items()]
+    print(C.format_table(rows))
+    if args.json:
+        C.write_json(args.json, {"ops": args.ops, "tool": "callgrind"}, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
