@@ -26,10 +26,10 @@ local function sem_now()
   return sem_clock, sem_clock_s
 end
 
--- Whether a permit's score (as Redis gives it) is a live lease at `now`: +inf always is (the
--- key exists, and it is the key's expiry).
-local function sem_live(score, now)
-  return score == 'inf' or tonumber(score) > now
+-- Whether a permit's score (as Redis gives it) is a live lease: +inf always is (the key
+-- exists, and its expiry is the deadline), without reading the clock.
+local function sem_live(score)
+  return score == 'inf' or tonumber(score) > (sem_now())
 end
 
 -- Give the +inf permit, if there is one other than `except` (a caller's own placeholder), its

@@ -27,13 +27,13 @@ local value = tonumber(ARGV[1])
 if #ARGV == 4 and ARGV[3] == '1' then
   local low = redis.call('zrange', KEYS[1], 0, 2, 'withscores')
   if #low == 4 and low[1] == '~v' and low[3] == ARGV[4] and -tonumber(low[2]) - 1 == value
-      and (low[4] == 'inf' or sem_live(low[4], (sem_now()))) then
+      and sem_live(low[4]) then
     redis.call('del', KEYS[1])
     sem_wake(KEYS[3], KEYS[4], value)
     return value
   end
 end
-local NOW, NOW_S = sem_now()
+local _, NOW_S = sem_now()
 -- One read for the counters and the deadlines of the caller's permits.
 local scores = sem_scores(KEYS[1], ARGV, 4)
 local recorded = scores[1] and -tonumber(scores[1]) - 1
@@ -50,7 +50,7 @@ end
 local n_mine, handed, lost = 0, nil, nil
 for i = 4, #ARGV do
   local deadline = scores[i - 1]
-  if deadline and sem_live(deadline, NOW) then
+  if deadline and sem_live(deadline) then
     n_mine = n_mine + 1
   else
     if deadline then
@@ -87,7 +87,7 @@ if rest > 0 or live > 0 or extra > 0 then
     local mine = {}
     for i = 4, #ARGV do
       local deadline = scores[i - 1]
-      if deadline and sem_live(deadline, NOW) then
+      if deadline and sem_live(deadline) then
         mine[#mine + 1] = ARGV[i]
       end
     end
