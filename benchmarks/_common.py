@@ -39,7 +39,7 @@ from distlock._server import RedisServer
 
 __all__ = [
     "LockHandle", "LockFactory", "start_server", "connect", "server_meta",
-    "interleaved", "per_round_ratios", "median", "percentile",
+    "cycle", "interleaved", "per_round_ratios", "median", "percentile",
     "Workers", "expect", "handoff_latency", "contended_throughput", "hold_and_wait",
     "add_hint_floor", "make_hint_holder", "make_hint_waiter", "pinned", "round_robin",
     "command_calls", "calls_delta", "command_rate", "connections_named",
@@ -119,6 +119,15 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 # --- interleaved timing -----------------------------------------------------------------------
+
+def cycle(acquire: Callable[[], object], release: Callable[[], object]) -> Callable[[], None]:
+    """One uncontended acquire + release, as one timed call."""
+    def op() -> None:
+        acquire()
+        release()
+
+    return op
+
 
 def round_robin(names: Sequence[str], rnd: int) -> List[str]:
     """``names`` in the order of round ``rnd``: rotated by one each round, so that a slow spell

@@ -150,7 +150,7 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
     if with_locks:
         for impl in impls("distlock", "distrlock", "redis_py", "python_redis_lock", "pottery"):
             handle = impl.factory(client, f"bench:uncontended:{impl.key}")
-            ops[impl.label] = _cycle(handle)
+            ops[impl.label] = C.cycle(handle.acquire_default, handle.release)
     C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
     with C.pinned(client) as pin:
         per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
@@ -172,16 +172,6 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
                           C.median(vs_redis[label]) if vs_redis else None, note,
                           {"per_round_us": values, "per_round_vs_floor": vs_floor[label]}))
     return rows
-
-
-def _cycle(handle: C.LockHandle) -> Callable[[], None]:
-    acquire, release = handle.acquire_default, handle.release
-
-    def cycle() -> None:
-        acquire()
-        release()
-
-    return cycle
 
 
 def handoff(ctx: Ctx) -> List[C.Row]:

@@ -103,7 +103,7 @@ def uncontended(ctx: Ctx) -> List[C.Row]:
     for label, factory in (("read lock", make_read), ("write lock", make_write),
                            ("DistRLock", make_rlock)):
         handle = factory(client, f"bench:rw:uncontended:{label}")
-        ops[label] = _cycle(handle)
+        ops[label] = C.cycle(handle.acquire_default, handle.release)
     C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
     with C.pinned(ctx.client) as pin:
         per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
@@ -124,16 +124,6 @@ def uncontended(ctx: Ctx) -> List[C.Row]:
                           note=note, data={"per_round_us": values,
                                            "per_round_vs_floor": vs_floor[label]}))
     return rows
-
-
-def _cycle(handle: C.LockHandle) -> Callable[[], None]:
-    acquire, release = handle.acquire_default, handle.release
-
-    def cycle() -> None:
-        acquire()
-        release()
-
-    return cycle
 
 
 # --- handoff: last reader out -> waiting writer in ------------------------------------------------

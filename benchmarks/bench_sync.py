@@ -138,16 +138,6 @@ def _barrier_party(url: str, name: str, parties: int, generations: int, conn: Co
 
 # --- figures --------------------------------------------------------------------------------------
 
-def _cycle(sem: Any) -> Callable[[], None]:
-    acquire, release = sem.acquire, sem.release
-
-    def cycle() -> None:
-        acquire()
-        release()
-
-    return cycle
-
-
 def semaphore(client: Any, k: Knobs) -> List[C.Row]:
     script = client.register_script("return 1")
 
@@ -155,11 +145,14 @@ def semaphore(client: Any, k: Knobs) -> List[C.Row]:
         script()
         script()
 
+    plain = DistSemaphore("bench:sem:plain", 1, client=client)
+    bounded = DistBoundedSemaphore("bench:sem:bounded", 1, client=client)
+    lock = DistLock("bench:sem:lock", client=client)
     ops: Dict[str, Callable[[], object]] = {
         "floor": floor,
-        "DistSemaphore": _cycle(DistSemaphore("bench:sem:plain", 1, client=client)),
-        "DistBoundedSemaphore": _cycle(DistBoundedSemaphore("bench:sem:bounded", 1, client=client)),
-        "DistLock (reference)": _cycle(DistLock("bench:sem:lock", client=client)),
+        "DistSemaphore": C.cycle(plain.acquire, plain.release),
+        "DistBoundedSemaphore": C.cycle(bounded.acquire, bounded.release),
+        "DistLock (reference)": C.cycle(lock.acquire, lock.release),
     }
     C.eprint(f"semaphore: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
     with C.pinned(client) as pin:

@@ -39,37 +39,31 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
 
 from benchmarks import _common as C  # noqa: E402
 from distlock import DistBoundedSemaphore, DistLock, DistRLock, DistSemaphore  # noqa: E402
-from distlock._server import free_port  # noqa: E402
+from distlock._server import RedisServer  # noqa: E402
 
 WARMUP = 50
 
 
 class CallgrindServer:
-    """redis-server under callgrind, instrumentation off until ``count`` asks for it."""
+    """A private redis-server (``RedisServer``) run by valgrind, instrumentation off until
+    ``count`` asks for it. valgrind goes in through a wrapper script given as the server's
+    binary, so starting, waiting for PING and stopping are RedisServer's own."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-             f"--callgrind-out-file={folder}/cg.%p", "redis-server", "--port", str(self.port),
-             "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.client = redis.Redis(host="127.0.0.1", port=self.port)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError as exc:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("redis-server under valgrind did not start") from exc
-                time.sleep(0.2)
+        wrapper = os.path.join(folder, "redis-server-callgrind")
+        with open(wrapper, "w", encoding="utf-8") as fh:
+            fh.write("#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no "
+                     f"--callgrind-out-file={folder}/cg.%p {shutil.which('redis-server')} \"$@\"\n")
+        os.chmod(wrapper, 0o755)
+        self.server = RedisServer(binary=wrapper, extra_args=["--hz", "1"])
+        assert self.server.proc is not None
+        self.pid = self.server.proc.pid  # the shell exec()s valgrind: the same process
+        self.client = redis.Redis.from_url(self.server.url)
         self.dumps = 0
 
     def _control(self, *args: str) -> None:
-        subprocess.run(["callgrind_control", *args, str(self.proc.pid)], check=True,
+        subprocess.run(["callgrind_control", *args, str(self.pid)], check=True,
                        capture_output=True)
 
     def count(self, fn: Callable[[], object], ops: int) -> float:
@@ -82,7 +76,7 @@ class CallgrindServer:
         self._control("-i", "off")
         self._control("-d", "bench")
         self.dumps += 1
-        path = f"{self.folder}/cg.{self.proc.pid}.{self.dumps}"
+        path = f"{self.folder}/cg.{self.pid}.{self.dumps}"
         deadline = time.monotonic() + 60
         while True:
             text = open(path).read() if os.path.exists(path) else ""
@@ -96,25 +90,8 @@ class CallgrindServer:
         return int(found.group(1)) / ops
 
     def stop(self) -> None:
-        try:
-            self.client.shutdown(nosave=True)
-        except redis.RedisError:
-            pass
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def _cycle(obj: object) -> Callable[[], None]:
-    acquire, release = obj.acquire, obj.release  # type: ignore[attr-defined]
-
-    def cycle() -> None:
-        acquire()
-        release()
-
-    return cycle
+        self.client.close()
+        self.server.stop()
 
 
 def main(argv: List[str]) -> int:
@@ -131,13 +108,16 @@ def main(argv: List[str]) -> int:
         try:
             client = server.client
             script = client.register_script("return 1")
+            lock = DistLock("bench:cg:lock", client=client)
+            rlock = DistRLock("bench:cg:rlock", client=client)
+            plain = DistSemaphore("bench:cg:sem", 1, client=client)
+            bounded = DistBoundedSemaphore("bench:cg:bsem", 1, client=client)
             ops: Dict[str, Callable[[], object]] = {
-                "floor": lambda: (script(), script()),
-                "DistLock": _cycle(DistLock("bench:cg:lock", client=client)),
-                "DistRLock": _cycle(DistRLock("bench:cg:rlock", client=client)),
-                "DistSemaphore": _cycle(DistSemaphore("bench:cg:sem", 1, client=client)),
-                "DistBoundedSemaphore": _cycle(DistBoundedSemaphore("bench:cg:bsem", 1,
-                                                                    client=client)),
+                "floor": C.cycle(script, script),
+                "DistLock": C.cycle(lock.acquire, lock.release),
+                "DistRLock": C.cycle(rlock.acquire, rlock.release),
+                "DistSemaphore": C.cycle(plain.acquire, plain.release),
+                "DistBoundedSemaphore": C.cycle(bounded.acquire, bounded.release),
             }
             counts = {}
             for label, fn in ops.items():
