@@ -23,9 +23,9 @@ from typing import Any, Callable, Optional, Tuple
 
 import redis
 
-from ._config import ClientArg, check_client, resolve_client, settings
+from ._config import ClientArg, check_client, settings
 from ._logic import Deadline, check_name, lease_ms
-from ._session import Hold, Session, session_for
+from ._session import Hold, Session, SessionUser
 from ._synclogic import (
     BAR_BROKEN,
     BAR_BUSY,
@@ -47,7 +47,7 @@ __all__ = ["DistBarrier"]
 BrokenBarrierError = threading.BrokenBarrierError
 
 
-class DistBarrier:
+class DistBarrier(SessionUser):
     """``threading.Barrier`` shared by every process and host that names it on one Redis.
 
     ``DistBarrier(name, parties, action=None, timeout=None, *, client=None)``. ``wait()``
@@ -165,8 +165,8 @@ class DistBarrier:
                 self._seen = (False, 0)
                 return index
             hold = Hold(session, self._keys.state if code == BAR_RUN else self._keys.waiters,
-                        wid, 0, 1, True, ms, sent_at,
-                        self._renewer("a" if code == BAR_RUN else "w"))
+                        wid, token=0, count=1, watchdog=True, lease_ms=ms, sent_at=sent_at,
+                        renew=self._renewer("a" if code == BAR_RUN else "w"))
             session.add_hold(hold)
             if code == BAR_RUN:
                 return self._run_action(session, wid, gen, index, keep)
@@ -197,11 +197,6 @@ class DistBarrier:
 
     # --- the machinery ------------------------------------------------------------------------
 
-    def _session(self) -> Session:
-        client = self._client
-        if client is None:
-            client = self._client = resolve_client(self._client_arg)
-        return session_for(client)
 
     @staticmethod
     def _keep() -> int:

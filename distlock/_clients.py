@@ -35,7 +35,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_IO_TIMEOUT", "bounded", "direct_executor", "renewer", "socket_timeout_of"]
+__all__ = ["DEFAULT_IO_TIMEOUT", "bounded", "direct_executor", "private_twin", "renewer", "server_key",
+           "shareable", "socket_timeout_of"]
 
 #: The socket timeout of the session's own I/O when the user's client has none (seconds): the
 #: default of recent redis-py versions.
@@ -115,6 +116,55 @@ def renewer(client: Any, timeout: float) -> Optional[Any]:
         return _twin(pool, overrides, True)
     except (TypeError, ValueError):
         return None
+
+
+#: The connection settings that make two clients "the same server as the same user": clients
+#: that agree on all of them share one session (see ``_session.session_for``).
+_SERVER_FIELDS = (
+    "host", "port", "path", "db", "username", "password", "credential_provider",
+    "decode_responses", "encoding", "encoding_errors", "protocol", "client_name",
+    "socket_timeout", "socket_connect_timeout",
+)
+
+
+def shareable(client: Any) -> bool:
+    """True for a plain ``redis.Redis`` on redis-py's own pool and connection classes: its
+    session may talk through a private twin of it, shared with every client of the same
+    server and credentials. Anything else (Sentinel, Cluster, a subclass that overrides
+    ``execute_command``, a single-connection client, fakeredis) gets a session of its own."""
+    return (
+        _pool_of(client) is not None
+        and type(client).execute_command is redis.Redis.execute_command
+        and getattr(client, "connection", None) is None
+        and "EVALSHA" not in getattr(client, "response_callbacks", {})
+    )
+
+
+def server_key(client: Any) -> Tuple[Any, ...]:
+    """What identifies a shareable client's server and user (see ``shareable``)."""
+    pool = _pool_of(client)
+    kwargs = pool.connection_kwargs
+    parts: List[Any] = [pool.connection_class]
+    for field in _SERVER_FIELDS + tuple(sorted(k for k in kwargs if k.startswith("ssl"))):
+        value = kwargs.get(field)
+        try:
+            hash(value)
+        except TypeError:
+            value = ("id", id(value))
+        parts.append((field, value))
+    return tuple(parts)
+
+
+def private_twin(client: Any) -> Any:
+    """A twin of a shareable ``client`` with a pool of its own (of the same kind and size) and
+    a socket timeout whatever the client's (see ``bounded``): the session's own client."""
+    pool = _pool_of(client)
+    overrides: Dict[str, Any] = {}
+    if pool.connection_kwargs.get("socket_timeout") is None:
+        overrides["socket_timeout"] = DEFAULT_IO_TIMEOUT
+    if pool.connection_kwargs.get("socket_connect_timeout") is None:
+        overrides["socket_connect_timeout"] = DEFAULT_IO_TIMEOUT
+    return _twin(pool, overrides, False)
 
 
 def _takes_no_command_name(pool: Any) -> bool:

@@ -38,11 +38,11 @@ from ._condlogic import (
     notify_arg,
     notify_count,
 )
-from ._config import ClientArg, check_client, resolve_client, settings
+from ._config import ClientArg, check_client, settings
 from ._errors import LockLostError, LockNotOwnedError
 from ._lock import DistLock, DistRLock, _LockBase
 from ._logic import Deadline, Keys, check_name, lease_ms
-from ._session import Hold, Session, Waiter, session_for
+from ._session import Hold, Session, SessionUser, Waiter
 
 __all__ = ["DistCondition"]
 
@@ -56,7 +56,7 @@ _ATOMIC_TYPES = (DistLock, DistRLock)
 _SELF_RELEASED = ("distlock", "self-released")
 
 
-class DistCondition:
+class DistCondition(SessionUser):
     """``threading.Condition`` shared by every process and host that names it on one Redis.
 
     ``DistCondition(name, lock=None, *, client=None)``: ``lock`` defaults to a new
@@ -263,10 +263,7 @@ class DistCondition:
         if self._client_arg is None and isinstance(lock, _LockBase):
             session: Session = lock._session()
             return session
-        client = self._client
-        if client is None:
-            client = self._client = resolve_client(self._client_arg)
-        return session_for(client)
+        return super()._session()
 
     def _join_and_release(self, session: Session, wid: str) -> Any:
         """Join the queue and release the lock; return what restores the lock. From then on

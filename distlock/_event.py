@@ -19,15 +19,15 @@ from typing import Any, Optional
 import redis
 
 from ._condlogic import check_wait_timeout
-from ._config import ClientArg, check_client, resolve_client, settings
+from ._config import ClientArg, check_client, settings
 from ._logic import Deadline, check_name
-from ._session import Session, session_for
+from ._session import Session, SessionUser
 from ._synclogic import EV_EXPIRED, EV_SET, EV_TAKEN, EventKeys, entry_ms, event_repr
 
 __all__ = ["DistEvent"]
 
 
-class DistEvent:
+class DistEvent(SessionUser):
     """``threading.Event`` shared by every process and host that names it on one Redis.
 
     ``DistEvent(name, *, client=None)``. ``set()`` wakes every waiter on every host;
@@ -149,11 +149,6 @@ class DistEvent:
 
     # --- the machinery ------------------------------------------------------------------------
 
-    def _session(self) -> Session:
-        client = self._client
-        if client is None:
-            client = self._client = resolve_client(self._client_arg)
-        return session_for(client)
 
     def _call(self, session: Session, wid: str, mode: str, ms: int, known: int) -> int:
         keys = self._keys

@@ -11,6 +11,7 @@ holder's host:pid) and differ only in who the owner is:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import redis
 
-from ._config import ClientArg, check_client, resolve_client, settings
+from ._config import ClientArg, check_client, settings
 from ._errors import LockLostError, LockNotOwnedError
 from ._logic import (
     Backoff,
@@ -33,7 +34,7 @@ from ._logic import (
     lock_repr,
     registry_lease_ms,
 )
-from ._session import Hold, Session, Waiter, _sessions, session_for
+from ._session import Hold, Session, SessionUser, Waiter
 
 __all__ = ["DistLock", "DistRLock"]
 
@@ -42,7 +43,7 @@ log = logging.getLogger("distlock")
 _UNSET: Any = object()
 
 
-class _LockBase:
+class _LockBase(SessionUser):
     """The logic both locks share: the acquire loop, leases, tokens, callbacks.
 
     Subclasses say who the owner is (``_owner_for``), where the hold is kept (``_current`` /
@@ -57,7 +58,6 @@ class _LockBase:
         if client is not None:
             check_client(client)
         self._client_arg = client
-        self._client: Any = None
         self._lease = check_lease(lease)
         self._keys = Keys(settings().prefix, self._name)
         self._lost_callbacks: List[Callable[[Any], Any]] = []
@@ -133,12 +133,6 @@ class _LockBase:
 
     # --- the shared machinery ---------------------------------------------------------------
 
-    def _session(self) -> Session:
-        client = self._client
-        if client is None:
-            client = self._client = resolve_client(self._client_arg)
-        return session_for(client)
-
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
                       waiter: Optional[Waiter] = None) -> int:
         """One try. ``mode``: '' first try, 'w' a queued waiter's try, else re-entry token."""
@@ -152,11 +146,7 @@ class _LockBase:
         return int(session.run("lock_acquire", (keys.lock, keys.fence, keys.queue), args))
 
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
-        keys = self._keys
-        args: Tuple[Any, ...] = (hold.owner, hold.token)
-        if count != 1:
-            args += (count,)
-        return int(session.run("lock_release", (keys.lock, keys.queue), args))
+        return _run_release(self._keys, session, hold, count)
 
     @staticmethod
     def _renew(pipe: Any, hold: Hold, ms: int) -> None:
@@ -246,8 +236,8 @@ class _LockBase:
 
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
                ms: int, sent_at: float) -> None:
-        hold = Hold(session, self._hold_key, owner, token, count, watchdog, ms, sent_at,
-                    self._renewer())
+        hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
+                    lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._ender())
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -287,19 +277,19 @@ class _LockBase:
             hold.releasing = False
         return left
 
+    def _ender(self) -> Callable[[Hold], Any]:
+        """What gives a whole hold back (at interpreter exit; see ``Session.release_all``)."""
+        return self._end
+
+    def _end(self, hold: Hold) -> None:
+        self._call_release(hold.session, hold, 0)
+
     def _fire_lost(self) -> None:
         for callback in list(self._lost_callbacks):
             try:
                 callback(self)
             except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
                 log.exception("distlock: on_lost callback %r failed", callback)
-
-    def _peek_session(self) -> Optional[Session]:
-        """This process' session for our client if one exists, without creating it (for repr)."""
-        if self._client is None:
-            return None
-        session = _sessions.get(id(self._client))
-        return session if session is not None and session.given is self._client else None
 
     # --- what subclasses define -------------------------------------------------------------
 
@@ -317,6 +307,18 @@ class _LockBase:
 
     def _forget(self, hold: Hold) -> None:
         raise NotImplementedError
+
+
+def _run_release(keys: Keys, session: Session, hold: Hold, count: int) -> int:
+    """One ``lock_release`` of ``count`` (0: all) of ``hold``; the count left, or -1 if lost."""
+    args: Tuple[Any, ...] = (hold.owner, hold.token)
+    if count != 1:
+        args += (count,)
+    return int(session.run("lock_release", (keys.lock, keys.queue), args))
+
+
+def _end_whole(keys: Keys, hold: Hold) -> None:
+    _run_release(keys, hold.session, hold, 0)
 
 
 class DistLock(_LockBase):
@@ -337,6 +339,15 @@ class DistLock(_LockBase):
         super().__init__(name, client=client, lease=lease)
         self._hold: Optional[Hold] = None
         self._mutex = threading.Lock()
+        # refers to the keys, not to this object, so that an abandoned object can be collected
+        self._end_fn = functools.partial(_end_whole, self._keys)
+
+    def __del__(self) -> None:
+        # Garbage collected while it holds (as filelock does): nobody can release this hold
+        # any more, so the watchdog gives it back instead of renewing it for ever.
+        hold = getattr(self, "_hold", None)
+        if hold is not None and not hold.lost:
+            hold.session.watchdog.abandon(hold)
 
     def release(self) -> None:
         """Release the lock; any thread may do it, as with ``threading.Lock``.
@@ -355,6 +366,9 @@ class DistLock(_LockBase):
 
     def _owner_for(self, session: Session) -> str:
         return f"{session.id}:{os.urandom(6).hex()}"
+
+    def _ender(self) -> Callable[[Hold], Any]:
+        return self._end_fn
 
     def _current(self, session: Session) -> Optional[Hold]:
         hold = self._hold

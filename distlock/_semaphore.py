@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
-from ._config import ClientArg, check_client, resolve_client, settings
+from ._config import ClientArg, check_client, settings
 from ._errors import LockLostError
 from ._logic import Deadline, check_lease, check_name, lease_ms
-from ._session import Hold, Session, session_for
+from ._session import Hold, Session, SessionUser
 from ._synclogic import (
     COUNT_OVERFLOW,
     REL_MISMATCH,
@@ -69,7 +69,7 @@ if hasattr(os, "register_at_fork"):
 _MISMATCH_TRIES = 3
 
 
-class DistSemaphore:
+class DistSemaphore(SessionUser):
     """``threading.Semaphore`` shared by every process and host that names it on one Redis.
 
     ``DistSemaphore(name, value=1, *, client=None, lease=None)``. The count starts at ``value``;
@@ -256,11 +256,6 @@ class DistSemaphore:
 
     # --- the machinery ------------------------------------------------------------------------
 
-    def _session(self) -> Session:
-        client = self._client
-        if client is None:
-            client = self._client = resolve_client(self._client_arg)
-        return session_for(client)
 
     def _try(self, session: Session, pid: str, ms: int, queue_ms: Optional[int]) -> int:
         """One try of ``sem_acquire``; raise ValueError when the value differs."""
@@ -283,9 +278,22 @@ class DistSemaphore:
     def _grant(self, session: Session, pid: str, watchdog: bool, ms: int, sent_at: float,
                reply: int) -> None:
         self._seen = reply - 1
-        hold = Hold(session, self._keys.sem, pid, 0, 1, watchdog, ms, sent_at, self._renewer())
+        hold = Hold(session, self._keys.sem, pid, token=0, count=1, watchdog=watchdog,
+                    lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._end)
         hold.listeners.add(self)
         session.add_hold(hold)
+
+    def _end(self, hold: Hold) -> None:
+        """Give the permit of ``hold`` back (interpreter exit; see ``Session.release_all``).
+
+        A release names the permits it gives back first but, when one of them was lost, gives
+        back one held elsewhere instead: so the permit is first renewed, which succeeds only
+        while it is still ours, and then released well inside its fresh lease."""
+        session = hold.session
+        ms = lease_ms(settings().lease)
+        if int(session.run("sem_renew", self._keys.renew, (hold.owner, ms))) == 1:
+            session.run("sem_release", self._keys.release,
+                        (self._initial, "1" if self._bounded else "0", 1, hold.owner))
 
     def _renewer(self) -> Callable[[Any, Hold, int], Any]:
         keys = self._keys.renew

@@ -1,20 +1,36 @@
-"""One session per process per Redis client.
+"""One session per process per Redis server and user; its lifetime.
 
 A session holds:
 
 - its id (uuid4, random and unguessable: owner ids are built from it);
-- the registered scripts;
-- one pub/sub connection, read by one dispatcher thread, for every channel this process waits
-  on (subscriptions reference-counted, dropped a little after their last waiter leaves);
-- one watchdog thread that renews every watchdog hold of the session, in batches;
-- the registry of holds, which the watchdog walks and the locks share.
+- the registered scripts and the way they are sent (``run``);
+- a :class:`~distlock._watchdog.Watchdog`: the registry of holds and the thread that renews
+  them, in batches;
+- a :class:`~distlock._pubsub.Dispatcher`: one pub/sub connection and one thread for every
+  channel this process waits on.
 
-Threads are started on first need. After ``os.fork()`` the child drops every session it
-inherited and starts afresh: it owns nothing.
+Which session a client gets (``session_for``):
+
+- A plain ``redis.Redis`` on redis-py's own pool gets the session of its server and user
+  (host, port, db, credentials, reply decoding, timeouts), which talks through a private twin
+  of the first such client. A web handler or a task that makes a client per request therefore
+  shares one watchdog, one pub/sub connection and a few pooled connections with every other
+  request, instead of leaving a session behind per client; and a thread that holds a DistRLock
+  re-enters it through any client of that server, as it would through one.
+- Any other client (Sentinel, Cluster, subclasses, single-connection clients, fakeredis) gets a
+  session of its own, which talks through that very client without keeping it alive.
+
+A session lives while a user holds a reference to one of its clients, or while it has a hold
+(DESIGN principle 11). After that it is retired: its threads stop, its connections close, and
+the next primitive for that server starts a fresh one. Its threads exit by themselves when
+they have had nothing to do for a few seconds, and start again on demand. After ``os.fork()``
+the child drops every session it inherited and starts afresh: it owns nothing. At interpreter
+exit, every hold still held is given back (``release_at_exit``).
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import os
@@ -27,87 +43,16 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tu
 
 import redis
 
-from ._clients import bounded, direct_executor, renewer
-from ._config import settings
+from ._clients import direct_executor, private_twin, server_key, shareable
+from ._config import ClientArg, resolve_client
+from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
 from ._scripts import script_names, script_source
+from ._watchdog import RENEW_ENDED, Hold, Watchdog
 
-__all__ = ["Session", "Hold", "Waiter", "session_for"]
+__all__ = ["Session", "SessionUser", "Hold", "Waiter", "RENEW_ENDED", "session_for", "wake_count",
+           "wake_idents", "all_sessions", "reset_sessions"]
 
 log = logging.getLogger("distlock")
-
-
-class Hold:
-    """What this process knows of one hold it was granted.
-
-    ``count`` mirrors the reentrancy count kept in Redis; ``token`` is the fencing token of the
-    grant. ``lost`` is set once the hold is found gone or someone else's; after that ``release``
-    raises LockLostError and the watchdog leaves it alone.
-    """
-
-    __slots__ = (
-        "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
-        "lost", "listeners", "renew", "releasing", "__weakref__",
-    )
-
-    def __init__(self, session: Session, key: str, owner: str, token: int, count: int,
-                 watchdog: bool, lease_ms: int, sent_at: float,
-                 renew: Callable[[Any, Hold, int], Any]) -> None:
-        self.session = session
-        self.key = key
-        self.owner = owner
-        self.token = token
-        self.count = count
-        self.watchdog = watchdog
-        self.lease_ms = lease_ms
-        #: monotonic time by which the lease runs out unless renewed (counted from the moment the
-        #: grant was *sent*, so it is never later than the server's own deadline)
-        self.expires_at = sent_at + lease_ms / 1000.0
-        self.lost = False
-        #: set while a release of this hold is in flight: a renewal that finds the hold gone
-        #: then raced the release, and says nothing about a lost lease
-        self.releasing = False
-        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
-        #: renew(pipeline, hold, lease_ms): queue one renewal of this hold on ``pipeline``; the
-        #: primitive that made the hold knows its script and keys.
-        self.renew = renew
-
-
-class Waiter:
-    """One thread waiting on one channel of this process.
-
-    ``ident`` (optional) names this waiter to hints that wake chosen waiters only: a payload
-    ``=id1,id2`` wakes exactly the local waiters of that channel whose ident is listed, and
-    sets their ``named`` (it stays set: the primitive that published it may treat it as news).
-    """
-
-    __slots__ = ("event", "channel", "ident", "named", "hinted")
-
-    def __init__(self, channel: _Channel, ident: Optional[str] = None) -> None:
-        self.event = threading.Event()
-        self.channel = channel
-        self.ident = ident
-        self.named = False
-        #: a hint (or a hand-over) asked this waiter to try again; set only under _mutex
-        self.hinted = False
-
-
-class _Channel:
-    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.refs = 0
-        self.pending = 0  # SUBSCRIBE commands sent whose confirmation has not arrived yet
-        self.confirmed = threading.Event()
-        self.waiters: Deque[Waiter] = collections.deque()
-        self.idle_since = 0.0
-        self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
-
-
-#: A renewal's reply meaning "this hold ended, and nothing was lost": the watchdog forgets it
-#: quietly (1 means renewed; anything else, lost). A semaphore permit that another process
-#: released on its owner's behalf ends so.
-RENEW_ENDED = 2
 
 #: How many times ``Session.run`` loads a script again after NOSCRIPT before it gives up.
 _NOSCRIPT_TRIES = 3
@@ -119,26 +64,31 @@ WAITER_CONCURRENCY = 4
 #: plus the pub/sub and watchdog ones).
 SCRIPT_CONCURRENCY = 4
 
-#: How long a channel stays subscribed after its last waiter left: a lock contended again soon
-#: does not pay SUBSCRIBE/UNSUBSCRIBE each time.
-UNSUBSCRIBE_AFTER = 5.0
-
 
 class Session:
-    def __init__(self, client: redis.Redis) -> None:
-        #: the client this session is for (its identity in ``session_for``)
-        self.given = client
-        #: the client it talks through: the same, or a twin with a socket timeout when the given
-        #: one has none (see ``_clients.bounded``), so no command can wait forever
-        client = bounded(client)
+    """What one process shares for one server: see the module's docstring.
+
+    ``client`` is the client to talk through: the session's own (``owns`` true: it is closed
+    with the session), or a weak proxy of the user's (``user``, a weak reference to it).
+    """
+
+    def __init__(self, client: Any, *, owns: bool, key: Any = None,
+                 user: Optional[Callable[[], Any]] = None) -> None:
         self.client: Any = client
-        self._renewer: Any = None  # (renew interval, twin) of the watchdog, made on first renewal
+        self.owns = owns
+        self.key = key
+        self._user = user
         self.id = uuid.uuid4().hex
         self.info = f"{socket.gethostname()}:{os.getpid()}"
         self.pid = os.getpid()
+        self.closed = False
+        #: ids of the user clients alive that resolve to this session (see ``session_for``)
+        self.users: Set[int] = set()
         self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
-        self._execute: Callable[..., Any] = direct_executor(client)
-        self._mutex = threading.Lock()
+        if owns:
+            self._execute: Callable[..., Any] = direct_executor(client)
+        else:
+            self._execute = _through(client)
         #: Tries by queued waiters go through these slots, so that a crowd of waiters woken at
         #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
         #: to one connection per thread. First tries (the uncontended path) do not pay for it.
@@ -148,33 +98,33 @@ class Session:
         self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
         self._gate_cond = threading.Condition(threading.Lock())
         self._gate_waiting = 0
-        # pub/sub
-        #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
-        #: threads' first subscribes would each open a connection, one of them orphaned with its
-        #: channels (their wake-ups lost, waiters left to their polling bound).
-        self._pubsub_io = threading.Lock()
-        self._channels: Dict[str, _Channel] = {}
-        self._pubsub: Any = None
-        self._dispatcher: Optional[threading.Thread] = None
-        self._pubsub_up = threading.Event()
-        self.pubsub_reconnects = 0
-        # watchdog
-        self.holds: Dict[Tuple[str, str], Hold] = {}
-        self._watchdog: Optional[threading.Thread] = None
-        self._watchdog_kick = threading.Event()
-        #: clean-up round trips that must not delay the caller (see ``defer``), run by the
-        #: watchdog thread between renewals
-        self._deferred: Deque[Callable[[], object]] = collections.deque()
-        self._closed = False
+        me = weakref.ref(self)
+
+        def source() -> Any:
+            session = me()
+            if session is None:
+                raise RuntimeError("distlock: the session was retired")
+            return session.client
+
+        def lost(hold: Hold) -> None:
+            session = me()
+            if session is not None:
+                session.mark_lost(hold)
+
+        tag = self.id[:8]
+        self.watchdog = Watchdog(source, tag, lost)
+        self.dispatcher = Dispatcher(source, tag)
+        #: the registry of holds, keyed by (key, owner); shared with the watchdog
+        self.holds = self.watchdog.holds
 
     def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
         """Run script ``name`` as one EVALSHA; on NOSCRIPT (server restarted or SCRIPT FLUSH)
         load it and run it again.
 
-        The hot path calls the client's ``execute_command`` directly: redis-py's Script wrapper
-        costs a measurable share of an uncontended acquire. At most ``SCRIPT_CONCURRENCY`` runs
-        of one session are in flight at once, so a hundred threads arriving together do not
-        open a hundred connections.
+        The hot path sends over a pooled connection directly (see ``_clients.direct_executor``):
+        redis-py's Script wrapper costs a measurable share of an uncontended acquire. At most
+        ``SCRIPT_CONCURRENCY`` runs of one session are in flight at once, so a hundred threads
+        arriving together do not open a hundred connections.
         """
         script = self.scripts[name]
         gate = self._gate
@@ -214,27 +164,31 @@ class Session:
             finally:
                 self._gate_waiting -= 1
 
-    # --- holds ------------------------------------------------------------------------------
+    # --- holds --------------------------------------------------------------------------------
 
     def add_hold(self, hold: Hold) -> None:
-        with self._mutex:
-            self.holds[(hold.key, hold.owner)] = hold
-        if hold.watchdog:
-            self._ensure_watchdog()
+        if self._user is not None:
+            hold.pin = self._user()  # the user's client lives as long as the hold
+        self.watchdog.add(hold)
 
     def drop_hold(self, hold: Hold) -> None:
-        with self._mutex:
-            if self.holds.get((hold.key, hold.owner)) is hold:
-                del self.holds[(hold.key, hold.owner)]
+        if self.watchdog.drop(hold) and not self.users:
+            _schedule_retire(self)
 
     def watch(self, hold: Hold) -> None:
-        """Turn an existing hold over to the watchdog (a re-entry asked for lease=None)."""
-        hold.watchdog = True
-        self._ensure_watchdog()
+        self.watchdog.watch(hold)
+
+    def defer(self, task: Callable[[], object]) -> None:
+        """Run ``task`` soon in the watchdog thread, not in the caller's: a clean-up round trip
+        that the caller's result does not depend on."""
+        self.watchdog.defer(task)
+
+    def renew_all(self) -> Optional[float]:
+        return self.watchdog.renew_all()
 
     def mark_lost(self, hold: Hold) -> None:
         """Record that ``hold`` is gone and tell everyone who registered ``on_lost``. Once."""
-        with self._mutex:
+        with self.watchdog.mutex:
             if hold.lost:
                 return
             hold.lost = True
@@ -242,371 +196,167 @@ class Session:
         for lock in list(hold.listeners):
             lock._fire_lost()
 
-    def _ensure_watchdog(self) -> None:
-        if self._watchdog is not None:
-            return
-        with self._mutex:
-            if self._watchdog is None:
-                self._watchdog = threading.Thread(
-                    target=self._watchdog_loop, name=f"distlock-watchdog-{self.id[:8]}", daemon=True)
-                self._watchdog.start()
+    def busy(self) -> bool:
+        return bool(self.holds) or self.dispatcher.busy()
 
-    def defer(self, task: Callable[[], object]) -> None:
-        """Run ``task`` soon in the watchdog thread, not in the caller's: a clean-up round trip
-        that the caller's result does not depend on (an event waiter taking its entry out after
-        the hint already told it the answer). Tasks must catch their own Redis errors; what is
-        left undone when the session closes expires with its key."""
-        self._deferred.append(task)
-        self._ensure_watchdog()
-        self._watchdog_kick.set()
-
-    def _run_deferred(self) -> None:
-        while True:
-            try:
-                task = self._deferred.popleft()
-            except IndexError:
-                return
-            try:
-                task()
-            except Exception:  # noqa: BLE001 - a clean-up must not kill the watchdog
-                log.debug("distlock: deferred clean-up failed", exc_info=True)
-
-    def _watchdog_loop(self) -> None:
-        renew_at = time.monotonic() + settings().renew_interval
-        while not self._closed:
-            self._watchdog_kick.wait(max(0.0, renew_at - time.monotonic()))
-            self._watchdog_kick.clear()
-            if self._closed:
-                return
-            self._run_deferred()
-            if time.monotonic() < renew_at:
-                continue  # woken for deferred work only
-            retry_after = self.renew_all()
-            renew_at = time.monotonic() + (
-                retry_after if retry_after is not None else settings().renew_interval)
-
-    def renew_all(self) -> Optional[float]:
-        """Renew every live watchdog hold in one pipelined round trip.
-
-        Return None when all went through, or a short delay before the next try after a
-        connection error. A hold that cannot be renewed before its lease runs out is marked
-        lost: a renewal that fails is never silent.
-        """
-        with self._mutex:
-            holds = [h for h in self.holds.values() if h.watchdog and not h.lost]
-        if not holds:
-            return None
-        lease_ms = max(1, int(settings().lease * 1000))
-        sent_at = time.monotonic()
-        try:
-            pipe = self._renewal_client().pipeline(transaction=False)
-            for hold in holds:
-                hold.renew(pipe, hold, lease_ms)
-            replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError as exc:
-            log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
-            now = time.monotonic()
-            for hold in holds:
-                if now >= hold.expires_at:
-                    self.mark_lost(hold)
-            return min(1.0, settings().renew_interval)
-        failed = False
-        for hold, reply in zip(holds, replies):
-            if isinstance(reply, Exception):
-                log.warning("distlock: watchdog renewal of %s failed: %r", hold.key, reply)
-                failed = True
-                if time.monotonic() >= hold.expires_at:
-                    self.mark_lost(hold)
-            elif reply == 1:
-                hold.lease_ms = lease_ms
-                hold.expires_at = sent_at + lease_ms / 1000.0
-            elif reply == RENEW_ENDED:
-                self.drop_hold(hold)  # ended without a loss (a permit released on our behalf)
-            elif not hold.releasing and self._registered(hold):
-                self.mark_lost(hold)
-        return min(1.0, settings().renew_interval) if failed else None
-
-    def _registered(self, hold: Hold) -> bool:
-        """True while ``hold`` is still this session's (not released meanwhile)."""
-        with self._mutex:
-            return self.holds.get((hold.key, hold.owner)) is hold
-
-    # --- waiting ----------------------------------------------------------------------------
+    # --- waiting ------------------------------------------------------------------------------
 
     def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
-        """Subscribe to ``channel_name`` (if this process is not yet) and queue a waiter on it.
-
-        Wait for the server's confirmation of the subscription at most ``bound`` seconds, so a
-        release that happens after the caller's next try is never missed in normal operation.
-        """
-        self._ensure_dispatcher()
-        with self._mutex:
-            chan = self._channels.get(channel_name)
-            if chan is None:
-                chan = self._channels[channel_name] = _Channel(channel_name)
-            chan.refs += 1
-            waiter = Waiter(chan, ident)
-            chan.waiters.append(waiter)
-            send = chan.pending == 0 and not chan.confirmed.is_set() and self._pubsub is not None
-            if send:
-                chan.pending += 1
-        if send:
-            try:
-                with self._pubsub_io:
-                    self._pubsub.subscribe(channel_name)
-            except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
-                log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
-        if bound is None or bound > 0:
-            chan.confirmed.wait(settings().wait_cap if bound is None else min(bound, settings().wait_cap))
-        return waiter
+        return self.dispatcher.join(channel_name, bound, ident)
 
     def leave(self, waiter: Waiter, acquired: bool) -> bool:
-        """Take ``waiter`` off its queue; return True when it was the last one on its channel.
-
-        A waiter that leaves without the lock hands its place at the head (and with it the
-        short polling bound) to the next one."""
-        chan = waiter.channel
-        with self._mutex:
-            was_head = bool(chan.waiters) and chan.waiters[0] is waiter
-            try:
-                chan.waiters.remove(waiter)
-            except ValueError:
-                pass
-            if was_head and not acquired:
-                self._wake(chan, 1)
-            elif was_head and chan.waiters:
-                # Promote the new head without a try: it goes back to sleep with the head's
-                # short bound instead of the long one it fell asleep with (see sleep()).
-                chan.waiters[0].event.set()
-            chan.refs -= 1
-            if chan.refs == 0:
-                chan.idle_since = time.monotonic()
-            return not chan.waiters
+        return self.dispatcher.leave(waiter, acquired)
 
     def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
-        """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
-        this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
-        the head's place in order: a head that leaves without the lock hands a wake-up on, and
-        one that leaves with it promotes the next, which then sleeps out the head's bound.
-        ``limit`` (e.g. the caller's time left) caps either bound. Return True when a hint
-        (not the bound) ended the sleep."""
-        chan = waiter.channel
-        started = time.monotonic()
-        while not waiter.hinted:
-            bound = head_bound
-            if not (chan.waiters and chan.waiters[0] is waiter):
-                bound = head_bound * settings().queue_cap_factor
-            if limit is not None:
-                bound = min(bound, limit)
-            left = bound - (time.monotonic() - started)
-            if left <= 0:
-                break
-            waiter.event.wait(left)
-            waiter.event.clear()  # a promotion (the head left) only re-reads the bound
-        with self._mutex:
-            hinted = waiter.hinted
-            waiter.hinted = False
-        waiter.event.clear()
-        return hinted
-
-    def _wake(self, chan: _Channel, n: Optional[int]) -> None:
-        """Wake the ``n`` oldest waiters not woken yet (all when ``n`` is None). Holds _mutex."""
-        for waiter in chan.waiters:
-            if n is not None and n <= 0:
-                break
-            if not waiter.hinted:
-                waiter.hinted = True
-                waiter.event.set()
-                if n is not None:
-                    n -= 1
-
-    def _ensure_dispatcher(self) -> None:
-        if self._dispatcher is not None:
-            return
-        with self._mutex:
-            if self._dispatcher is None:
-                self._connect_pubsub_locked()
-                self._dispatcher = threading.Thread(
-                    target=self._dispatch_loop, name=f"distlock-pubsub-{self.id[:8]}", daemon=True)
-                self._dispatcher.start()
-
-    def _connect_pubsub_locked(self) -> None:
-        self._pubsub = self.client.pubsub()
-        for chan in self._channels.values():
-            chan.was_up = chan.was_up or chan.confirmed.is_set()
-            chan.confirmed.clear()
-            chan.pending = 0
-
-    def _dispatch_loop(self) -> None:
-        backoff = 0.05
-        while not self._closed:
-            pubsub = self._pubsub
-            try:
-                self._resubscribe_if_needed(pubsub)
-                message = pubsub.get_message(timeout=1.0)
-                backoff = 0.05
-            except Exception as exc:  # noqa: BLE001 - this thread must outlive any failure
-                self._on_pubsub_broken(exc)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-                continue
-            if message is not None:
-                self._handle(message)
-            self._unsubscribe_idle(pubsub)
-
-    def _resubscribe_if_needed(self, pubsub: Any) -> None:
-        with self._mutex:
-            names = [c.name for c in self._channels.values()
-                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set()]
-            for name in names:
-                self._channels[name].pending += 1
-        if names:
-            with self._pubsub_io:
-                pubsub.subscribe(*names)
-
-    def _handle(self, message: Dict[str, Any]) -> None:
-        kind = message.get("type")
-        channel = message.get("channel")
-        if isinstance(channel, bytes):
-            channel = channel.decode("utf-8", "surrogateescape")
-        with self._mutex:
-            chan = self._channels.get(channel) if channel is not None else None
-            if chan is None:
-                return
-            if kind == "subscribe":
-                # A confirmation for a channel that was subscribed before is a re-subscription
-                # (ours, or redis-py's own after it reconnected inside get_message): hints sent
-                # while the connection was down are lost, so every waiter tries again now.
-                again = chan.was_up or chan.confirmed.is_set()
-                chan.pending = max(0, chan.pending - 1)
-                if chan.pending == 0:
-                    chan.confirmed.set()
-                if again:
-                    chan.was_up = False
-                    self._wake(chan, None)
-            elif kind == "message":
-                data = message.get("data")
-                if isinstance(data, bytes):
-                    data = data.decode("ascii", "replace")
-                idents = wake_idents(data)
-                if idents is not None:
-                    for waiter in chan.waiters:
-                        if waiter.ident is not None and waiter.ident in idents:
-                            waiter.named = True
-                            waiter.hinted = True
-                            waiter.event.set()
-                else:
-                    self._wake(chan, wake_count(data))
-
-    def _unsubscribe_idle(self, pubsub: Any) -> None:
-        now = time.monotonic()
-        with self._mutex:
-            idle = [c for c in self._channels.values()
-                    if c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER]
-            for chan in idle:
-                del self._channels[chan.name]
-        if idle and any(c.confirmed.is_set() for c in idle):
-            with self._pubsub_io:
-                pubsub.unsubscribe(*[c.name for c in idle if c.confirmed.is_set()])
-
-    def _on_pubsub_broken(self, exc: BaseException) -> None:
-        """The pub/sub connection failed: start over on a fresh connection, which subscribes
-        again. Waiters are woken when the server confirms that re-subscription (see
-        ``_handle``), not now: a try now would most likely meet the same broken server and
-        raise ConnectionError; meanwhile each sleeps no longer than its bound."""
-        log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
-        with self._mutex:
-            old = self._pubsub
-            self._connect_pubsub_locked()
-            self.pubsub_reconnects += 1
-        try:
-            old.close()
-        except Exception:  # noqa: BLE001 - the connection is already broken
-            pass
+        return self.dispatcher.sleep(waiter, head_bound, limit)
 
     def wake_all_waiters(self) -> None:
-        with self._mutex:
-            for chan in self._channels.values():
-                self._wake(chan, None)
+        self.dispatcher.wake_all()
 
     def subscribed_channels(self) -> List[str]:
-        with self._mutex:
-            return [c.name for c in self._channels.values() if c.confirmed.is_set()]
+        return self.dispatcher.subscribed()
 
-    def close(self) -> None:
-        """Stop this session's threads (tests and interpreter exit; holds are not released)."""
-        self._closed = True
-        self._watchdog_kick.set()
-        pubsub = self._pubsub
-        for thread in (self._dispatcher, self._watchdog):
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout=3.0)
-        if pubsub is not None:
+    @property
+    def pubsub_reconnects(self) -> int:
+        return self.dispatcher.reconnects
+
+    # --- the end ------------------------------------------------------------------------------
+
+    def release_all(self) -> None:
+        """Give back every hold still held (interpreter exit): other hosts need not wait out
+        the lease of a process that is going away. Errors are logged, never raised."""
+        for hold in list(self.holds.values()):
+            if hold.lost or hold.end is None:
+                continue
             try:
-                pubsub.close()
-            except Exception:  # noqa: BLE001
-                pass
-        own = [self._renewer[1]] if self._renewer is not None else []
-        if self.client is not self.given:
-            own.append(self.client)
-        for twin in own:
+                hold.end(hold)
+            except Exception as exc:  # noqa: BLE001 - exiting: what fails is left to its lease
+                log.warning("distlock: could not release %s at exit: %r", hold.key, exc)
+            self.watchdog.drop(hold)
+
+    def close(self, join: bool = True) -> None:
+        """Stop this session's threads (``join``: and wait for them) and close the connections
+        it opened. Holds are not released: what is still held ends with its lease."""
+        self.closed = True
+        self.watchdog.close(join)
+        self.dispatcher.close(join)
+        if self.owns:
             try:
-                twin.connection_pool.disconnect()
-            except Exception:  # noqa: BLE001
+                self.client.connection_pool.disconnect()
+            except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
 
-    def _renewal_client(self) -> Any:
-        """The watchdog's own connection (see ``_clients.renewer``): not from the user's pool,
-        and bounded by the renew interval. Remade when configure() changed that interval."""
-        interval = settings().renew_interval
-        current = self._renewer
-        if current is not None and current[0] == interval:
-            return current[1]
-        twin = renewer(self.client, interval)
-        if twin is None:
-            return self.client
-        self._renewer = (interval, twin)
-        if current is not None:
-            try:
-                current[1].connection_pool.disconnect()
-            except Exception:  # noqa: BLE001
-                pass
-        return twin
+
+def _through(client: Any) -> Callable[..., Any]:
+    """Run commands through a (proxied) user client's own ``execute_command``."""
+    def execute(*args: Any) -> Any:
+        return client.execute_command(*args)
+    return execute
 
 
-def wake_idents(data: Any) -> Optional[Set[str]]:
-    """The idents a ``=id1,id2`` hint wakes (each exactly, wherever it is in the queue), or
-    None when the hint is a count (``1``, ``3``, ``*``) instead."""
-    if isinstance(data, str) and data.startswith("="):
-        return set(data[1:].split(","))
-    return None
+class SessionUser:
+    """What every primitive has: its session, resolved from its ``client`` argument on first
+    use and kept, and resolved again once that session is closed (after a fork, or a reset)."""
+
+    _client_arg: ClientArg = None
+    _client: Any = None
+    _sess: Optional[Session] = None
+
+    def _session(self) -> Session:
+        session = self._sess
+        if session is None or session.closed:
+            client = self._client
+            if client is None:
+                client = self._client = resolve_client(self._client_arg)
+            session = self._sess = session_for(client)
+        return session
+
+    def _peek_session(self) -> Optional[Session]:
+        """This object's session if it has one, without creating it (for repr)."""
+        session = self._sess
+        return session if session is not None and not session.closed else None
 
 
-def wake_count(data: Any) -> Optional[int]:
-    """How many local waiters one hint wakes: an integer, or ``*`` for all of them."""
-    if data == "*":
-        return None
-    try:
-        return max(1, int(data))
-    except (TypeError, ValueError):
-        return 1
+# --- which session a client gets, and for how long ---------------------------------------------
 
-
-# --- one session per process per client ------------------------------------------------------
-
-_sessions: Dict[int, Session] = {}
+_sessions: Dict[Any, Session] = {}
 _sessions_lock = threading.Lock()
 
 
-def session_for(client: redis.Redis) -> Session:
-    session = _sessions.get(id(client))
-    if session is not None and session.given is client:
-        return session
+def session_for(client: Any) -> Session:
+    """The session ``client`` talks through (made on first need; see the module's docstring)."""
+    if shareable(client):
+        key: Any = ("server", server_key(client))
+    else:
+        key = ("client", id(client))
     with _sessions_lock:
-        session = _sessions.get(id(client))
-        if session is None or session.given is not client:
-            session = _sessions[id(client)] = Session(client)
+        session = _sessions.get(key)
+        if session is None or session.closed:
+            if key[0] == "server":
+                session = Session(private_twin(client), owns=True, key=key)
+            else:
+                session = Session(weakref.proxy(client), owns=False, key=key,
+                                  user=weakref.ref(client))
+            _sessions[key] = session
+        if id(client) not in session.users:
+            session.users.add(id(client))
+            weakref.finalize(client, _client_gone, id(client), weakref.ref(session))
         return session
+
+
+def _client_gone(client_id: int, ref: Callable[[], Optional[Session]]) -> None:
+    """A user client was garbage collected: retire its session if nothing else needs it.
+
+    This runs wherever the garbage collector happens to run, perhaps inside one of distlock's
+    own critical sections: it takes no lock and only schedules the work (``_schedule_retire``).
+    """
+    session = ref()
+    if session is not None:
+        session.users.discard(client_id)
+        if not session.users:
+            _schedule_retire(session)
+
+
+#: Sessions that may have lost their last user, and whether a reaper thread is on its way.
+_pending: Deque[Session] = collections.deque()
+_reaping = [False]
+
+#: How long a session without users lingers before it is retired: a client made per request
+#: finds the previous request's session still there, with its connections.
+RETIRE_AFTER = 1.0
+
+
+def _schedule_retire(session: Session) -> None:
+    """Retire ``session`` ``RETIRE_AFTER`` seconds from now if nothing needs it by then, in a
+    short-lived reaper thread (lock-free here: see ``_client_gone``)."""
+    _pending.append(session)
+    if not _reaping[0]:
+        _reaping[0] = True
+        try:
+            threading.Thread(target=_reap, name="distlock-reaper", daemon=True).start()
+        except RuntimeError:  # interpreter shutting down: atexit closes what is left
+            _reaping[0] = False
+
+
+def _reap() -> None:
+    while True:
+        time.sleep(RETIRE_AFTER)
+        while _pending:
+            _retire_if_idle(_pending.popleft())
+        _reaping[0] = False
+        if not _pending:
+            return
+        _reaping[0] = True  # scheduled meanwhile, and saw a reaper still on its way
+
+
+def _retire_if_idle(session: Session) -> None:
+    """Retire ``session`` unless a user client or a hold or waiter still needs it; a session
+    with holds is retired after its last hold is dropped."""
+    with _sessions_lock:
+        if session.users or session.busy() or _sessions.get(session.key) is not session:
+            return
+        del _sessions[session.key]
+    session.close(join=False)
 
 
 def all_sessions() -> Iterable[Session]:
@@ -622,6 +372,17 @@ def reset_sessions() -> None:
         session.close()
 
 
+def release_at_exit() -> None:
+    """At interpreter exit: give back every hold still held, then stop every session."""
+    for session in all_sessions():
+        if session.pid == os.getpid():
+            session.release_all()
+    reset_sessions()
+
+
+atexit.register(release_at_exit)
+
+
 def _before_fork() -> None:
     _sessions_lock.acquire()
 
@@ -634,7 +395,9 @@ def _after_fork_in_child() -> None:
     global _sessions_lock
     # The parent's threads do not exist here, and its holds are not ours: start afresh.
     for session in _sessions.values():
-        session._closed = True
+        session.closed = True
+        session.watchdog.closed = True
+        session.dispatcher.closed = True
     _sessions.clear()
     _sessions_lock = threading.Lock()
 

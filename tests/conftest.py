@@ -13,6 +13,7 @@ flushes the database, so no test sees another's keys, threads or subscriptions.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -30,6 +31,9 @@ from distlock._session import reset_sessions
 REQUIRE_REAL = os.environ.get("DISTLOCK_REQUIRE_REDIS") == "1"
 
 
+_client_names = itertools.count(1)
+
+
 class Backend:
     """What the tests talk to: a real server (``url`` set) or a shared fakeredis server."""
 
@@ -43,7 +47,11 @@ class Backend:
         return self.url is not None
 
     def client(self, **kwargs: Any) -> redis.Redis:
+        """A new client. Each gets a client name of its own, so that each has a distlock
+        session of its own and stands for another process, as tests expect of a second client
+        (clients that agree on server, user and settings share one session: see _session)."""
         if self.url is not None:
+            kwargs.setdefault("client_name", f"test-{next(_client_names)}")
             return redis.Redis.from_url(self.url, **kwargs)
         import fakeredis
 

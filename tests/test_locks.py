@@ -280,8 +280,8 @@ def test_one_release_wakes_one_local_waiter(client: Any) -> None:
     session = session_for(client)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        with session._mutex:
-            queued = sum(len(c.waiters) for c in session._channels.values())
+        with session.dispatcher.mutex:
+            queued = sum(len(c.waiters) for c in session.dispatcher.channels.values())
         if queued == 5:
             break
         time.sleep(0.02)
@@ -481,7 +481,16 @@ def test_clients_that_need_execute_command_keep_it(url: str) -> None:
         assert _Counting.calls >= 2
         with DistRLock("via-single", client=single):
             assert single.exists("distlock:{via-single}")
-        assert session_for(single)._execute == single.execute_command
+        calls: List[Any] = []
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            calls.append(args[0])
+            return redis.Redis.execute_command(single, *args, **kwargs)
+
+        single.execute_command = counting  # type: ignore[method-assign]
+        with DistRLock("via-single", client=single):
+            pass
+        assert calls.count("EVALSHA") == 2
     finally:
         sub.close()
         single.close()

@@ -28,7 +28,7 @@ import redis
 from faults import PRIMITIVES
 
 import distlock
-from distlock import LockNotOwnedError, _config, _session
+from distlock import LockNotOwnedError, _config, _pubsub
 from distlock._server import RedisServer, free_port
 from distlock._session import reset_sessions, session_for
 
@@ -235,7 +235,7 @@ def full_workload(client: Any, admin: Any, tag: str) -> None:
 
 @pytest.fixture
 def short_unsubscribe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_session, "UNSUBSCRIBE_AFTER", 0.2)
+    monkeypatch.setattr(_pubsub, "UNSUBSCRIBE_AFTER", 0.2)
 
 
 @pytest.fixture

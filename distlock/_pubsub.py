@@ -1,0 +1,352 @@
+"""The pub/sub side of a session: one connection and one dispatcher thread for every channel
+this process waits on.
+
+Waiters join a channel (subscribing it if this process is not subscribed yet), sleep until a
+hint or their bound, and leave. Subscriptions are reference-counted and dropped
+``UNSUBSCRIBE_AFTER`` seconds after their last waiter left. The dispatcher thread starts with
+the first waiter and exits, closing its connection, once no channel is left: a process that
+stops waiting keeps no thread and no connection for it.
+
+Hints are only hints (DESIGN principle 1): a lost message or a dropped connection costs a
+waiter at most its bound.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Set
+
+import redis
+
+from ._config import settings
+
+__all__ = ["Dispatcher", "Waiter", "wake_count", "wake_idents", "UNSUBSCRIBE_AFTER"]
+
+log = logging.getLogger("distlock")
+
+#: How long a channel stays subscribed after its last waiter left: a lock contended again at
+#: once does not pay SUBSCRIBE/UNSUBSCRIBE each time. Once no channel is left, the dispatcher
+#: exits. Short, so that the thread is gone within CPython's own test harness' bound (its
+#: ``threading_cleanup`` waits 1 s for the threads a test started to end).
+UNSUBSCRIBE_AFTER = 0.3
+
+#: How long one read of the pub/sub connection blocks: the dispatcher's tick (unsubscribing idle
+#: channels, noticing it has nothing left to do or that its session closed).
+TICK = 0.1
+
+
+class Waiter:
+    """One thread waiting on one channel of this process.
+
+    ``ident`` (optional) names this waiter to hints that wake chosen waiters only: a payload
+    ``=id1,id2`` wakes exactly the local waiters of that channel whose ident is listed, and
+    sets their ``named`` (it stays set: the primitive that published it may treat it as news).
+    """
+
+    __slots__ = ("event", "channel", "ident", "named", "hinted")
+
+    def __init__(self, channel: Channel, ident: Optional[str] = None) -> None:
+        self.event = threading.Event()
+        self.channel = channel
+        self.ident = ident
+        self.named = False
+        #: a hint (or a hand-over) asked this waiter to try again; set only under the mutex
+        self.hinted = False
+
+
+class Channel:
+    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.refs = 0
+        self.pending = 0  # SUBSCRIBE commands sent whose confirmation has not arrived yet
+        self.confirmed = threading.Event()
+        self.waiters: Deque[Waiter] = collections.deque()
+        self.idle_since = 0.0
+        self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
+
+
+class Dispatcher:
+    """Channels, their waiters, and the thread that reads the pub/sub connection.
+
+    ``client`` is called for the client to open the pub/sub connection with (each time one is
+    opened: after a failure, or when the thread starts again after it had exited idle).
+    """
+
+    def __init__(self, client: Callable[[], Any], tag: str) -> None:
+        self._client = client
+        self._tag = tag
+        self.mutex = threading.Lock()
+        #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
+        #: threads' first subscribes would each open a connection, one of them orphaned with its
+        #: channels (their wake-ups lost, waiters left to their polling bound).
+        self._io = threading.Lock()
+        self.channels: Dict[str, Channel] = {}
+        self._pubsub: Any = None
+        self._thread: Optional[threading.Thread] = None
+        self.reconnects = 0
+        self.closed = False
+
+    # --- waiting ----------------------------------------------------------------------------
+
+    def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
+        """Subscribe to ``channel_name`` (if this process is not yet) and queue a waiter on it.
+
+        Wait for the server's confirmation of the subscription at most ``bound`` seconds, so a
+        release that happens after the caller's next try is never missed in normal operation.
+        """
+        with self.mutex:
+            if self._thread is None and not self.closed:
+                self._connect_locked()
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"distlock-pubsub-{self._tag}", daemon=True)
+                self._thread.start()
+            chan = self.channels.get(channel_name)
+            if chan is None:
+                chan = self.channels[channel_name] = Channel(channel_name)
+            chan.refs += 1
+            waiter = Waiter(chan, ident)
+            chan.waiters.append(waiter)
+            pubsub = self._pubsub
+            send = chan.pending == 0 and not chan.confirmed.is_set() and pubsub is not None
+            if send:
+                chan.pending += 1
+        if send:
+            try:
+                with self._io:
+                    pubsub.subscribe(channel_name)
+            except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
+                log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
+        if bound is None or bound > 0:
+            cap = settings().wait_cap
+            chan.confirmed.wait(cap if bound is None else min(bound, cap))
+        return waiter
+
+    def leave(self, waiter: Waiter, acquired: bool) -> bool:
+        """Take ``waiter`` off its queue; return True when it was the last one on its channel.
+
+        A waiter that leaves without the lock hands its place at the head (and with it the
+        short polling bound) to the next one."""
+        chan = waiter.channel
+        with self.mutex:
+            was_head = bool(chan.waiters) and chan.waiters[0] is waiter
+            try:
+                chan.waiters.remove(waiter)
+            except ValueError:
+                pass
+            if was_head and not acquired:
+                _wake(chan, 1)
+            elif was_head and chan.waiters:
+                # Promote the new head without a try: it goes back to sleep with the head's
+                # short bound instead of the long one it fell asleep with (see sleep()).
+                chan.waiters[0].event.set()
+            chan.refs -= 1
+            if chan.refs == 0:
+                chan.idle_since = time.monotonic()
+            return not chan.waiters
+
+    def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
+        """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
+        this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
+        the head's place in order: a head that leaves without the lock hands a wake-up on, and
+        one that leaves with it promotes the next, which then sleeps out the head's bound.
+        ``limit`` (e.g. the caller's time left) caps either bound. Return True when a hint
+        (not the bound) ended the sleep."""
+        chan = waiter.channel
+        started = time.monotonic()
+        while not waiter.hinted:
+            bound = head_bound
+            if not (chan.waiters and chan.waiters[0] is waiter):
+                bound = head_bound * settings().queue_cap_factor
+            if limit is not None:
+                bound = min(bound, limit)
+            left = bound - (time.monotonic() - started)
+            if left <= 0:
+                break
+            waiter.event.wait(left)
+            waiter.event.clear()  # a promotion (the head left) only re-reads the bound
+        with self.mutex:
+            hinted = waiter.hinted
+            waiter.hinted = False
+        waiter.event.clear()
+        return hinted
+
+    def busy(self) -> bool:
+        """True while any thread of this process waits on any channel."""
+        with self.mutex:
+            return any(chan.refs > 0 for chan in self.channels.values())
+
+    def wake_all(self) -> None:
+        with self.mutex:
+            for chan in self.channels.values():
+                _wake(chan, None)
+
+    def subscribed(self) -> List[str]:
+        with self.mutex:
+            return [c.name for c in self.channels.values() if c.confirmed.is_set()]
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _connect_locked(self) -> None:
+        self._pubsub = self._client().pubsub()
+        for chan in self.channels.values():
+            chan.was_up = chan.was_up or chan.confirmed.is_set()
+            chan.confirmed.clear()
+            chan.pending = 0
+
+    def _loop(self) -> None:
+        backoff = 0.05
+        while not self.closed:
+            pubsub = self._pubsub
+            try:
+                self._resubscribe_if_needed(pubsub)
+                message = pubsub.get_message(timeout=TICK)
+                backoff = 0.05
+            except Exception as exc:  # noqa: BLE001 - this thread must outlive any failure
+                if self.closed:
+                    break
+                self._on_broken(exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            try:
+                if message is not None:
+                    self._handle(message)
+                if self._unsubscribe_idle(pubsub):
+                    return  # nothing left to wait on: the thread and its connection go
+            except Exception:  # noqa: BLE001 - a surprise in one message must not stop the rest
+                log.exception("distlock: pub/sub dispatcher error")
+        _close_quietly(pubsub)
+
+    def _resubscribe_if_needed(self, pubsub: Any) -> None:
+        with self.mutex:
+            names = [c.name for c in self.channels.values()
+                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set()]
+            for name in names:
+                self.channels[name].pending += 1
+        if names:
+            with self._io:
+                pubsub.subscribe(*names)
+
+    def _handle(self, message: Dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if isinstance(channel, bytes):
+            channel = channel.decode("utf-8", "surrogateescape")
+        with self.mutex:
+            chan = self.channels.get(channel) if channel is not None else None
+            if chan is None:
+                return
+            if kind == "subscribe":
+                # A confirmation for a channel that was subscribed before is a re-subscription
+                # (ours, or redis-py's own after it reconnected inside get_message): hints sent
+                # while the connection was down are lost, so every waiter tries again now.
+                again = chan.was_up or chan.confirmed.is_set()
+                chan.pending = max(0, chan.pending - 1)
+                if chan.pending == 0:
+                    chan.confirmed.set()
+                if again:
+                    chan.was_up = False
+                    _wake(chan, None)
+            elif kind == "message":
+                data = message.get("data")
+                if isinstance(data, bytes):
+                    data = data.decode("ascii", "replace")
+                idents = wake_idents(data)
+                if idents is not None:
+                    for waiter in chan.waiters:
+                        if waiter.ident is not None and waiter.ident in idents:
+                            waiter.named = True
+                            waiter.hinted = True
+                            waiter.event.set()
+                else:
+                    _wake(chan, wake_count(data))
+
+    def _unsubscribe_idle(self, pubsub: Any) -> bool:
+        """Drop channels idle for UNSUBSCRIBE_AFTER; return True when the thread should exit
+        (no channel left: it has then given up its place, and its connection is closed)."""
+        now = time.monotonic()
+        with self.mutex:
+            idle = [c for c in self.channels.values()
+                    if c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER]
+            for chan in idle:
+                del self.channels[chan.name]
+            done = not self.channels
+            if done:
+                self._thread = None
+                self._pubsub = None
+        if done:
+            _close_quietly(pubsub)
+        elif idle and any(c.confirmed.is_set() for c in idle):
+            with self._io:
+                pubsub.unsubscribe(*[c.name for c in idle if c.confirmed.is_set()])
+        return done
+
+    def _on_broken(self, exc: BaseException) -> None:
+        """The pub/sub connection failed: start over on a fresh connection, which subscribes
+        again. Waiters are woken when the server confirms that re-subscription (see
+        ``_handle``), not now: a try now would most likely meet the same broken server and
+        raise ConnectionError; meanwhile each sleeps no longer than its bound."""
+        log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
+        with self.mutex:
+            old = self._pubsub
+            self._connect_locked()
+            self.reconnects += 1
+        _close_quietly(old)
+
+    def close(self, join: bool) -> None:
+        """Stop the thread (``join``: and wait for it) and close the connection."""
+        self.closed = True
+        with self.mutex:
+            thread, pubsub = self._thread, self._pubsub
+        if join and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=3.0)
+        _close_quietly(pubsub)
+
+
+def _wake(chan: Channel, n: Optional[int]) -> None:
+    """Wake the ``n`` oldest waiters not woken yet (all when ``n`` is None); holds the mutex."""
+    for waiter in chan.waiters:
+        if n is not None and n <= 0:
+            break
+        if not waiter.hinted:
+            waiter.hinted = True
+            waiter.event.set()
+            if n is not None:
+                n -= 1
+
+
+def _close_quietly(pubsub: Any) -> None:
+    if pubsub is None:
+        return
+    try:
+        pubsub.close()
+    except Exception:  # noqa: BLE001 - closing a connection that may already be broken
+        pass
+
+
+def wake_idents(data: Any) -> Optional[Set[str]]:
+    """The idents a ``=id1,id2`` hint wakes (each exactly, wherever it is in the queue), or
+    None when the hint is a count (``1``, ``3``, ``*``) instead."""
+    if isinstance(data, str) and data.startswith("="):
+        return set(data[1:].split(","))
+    return None
+
+
+def wake_count(data: Any) -> Optional[int]:
+    """How many local waiters one hint wakes: an integer, or ``*`` for all of them."""
+    if data == "*":
+        return None
+    try:
+        return max(1, int(data))
+    except (TypeError, ValueError):
+        return 1

@@ -1,0 +1,318 @@
+"""Holds, and the watchdog thread that renews a session's watchdog holds in batches.
+
+No exception of any kind stops the watchdog (DESIGN principle 11): a renewal that fails for
+any reason, a Redis error or not (redis-py's cluster pipeline raises RedisClusterException,
+which is not a RedisError), is logged and tried again soon, and a hold whose lease has passed
+without a renewal is reported lost: ``on_lost`` runs, ``owned()`` turns False, ``release()``
+raises LockLostError.
+
+The thread starts with the first watchdog hold (or deferred task) and exits after
+``IDLE_EXIT`` seconds with neither; it starts again on demand.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+from ._clients import renewer
+from ._config import settings
+
+__all__ = ["Hold", "Watchdog", "RENEW_ENDED", "IDLE_EXIT"]
+
+log = logging.getLogger("distlock")
+
+#: A renewal's reply meaning "this hold ended, and nothing was lost": the watchdog forgets it
+#: quietly (1 means renewed; anything else, lost). A semaphore permit that another process
+#: released on its owner's behalf ends so.
+RENEW_ENDED = 2
+
+#: How long the watchdog thread stays with nothing to renew or run before it exits, and how
+#: often it looks (seconds): together well inside the 1 s that CPython's test harness gives the
+#: threads a test started to end.
+IDLE_EXIT = 0.2
+TICK = 0.1
+
+#: renew(pipeline, hold, lease_ms): queue one renewal of a hold on ``pipeline``.
+Renew = Callable[[Any, "Hold", int], Any]
+#: end(hold): give the whole hold back (one round trip); used at interpreter exit.
+End = Callable[["Hold"], Any]
+
+
+class Hold:
+    """What this process knows of one hold it was granted.
+
+    ``count`` mirrors the reentrancy count kept in Redis; ``token`` is the fencing token of the
+    grant. ``lost`` is set once the hold is found gone or someone else's; after that ``release``
+    raises LockLostError and the watchdog leaves it alone.
+    """
+
+    __slots__ = (
+        "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
+        "lost", "listeners", "renew", "end", "releasing", "pin", "__weakref__",
+    )
+
+    def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
+                 watchdog: bool, lease_ms: int, sent_at: float, renew: Renew,
+                 end: Optional[End] = None) -> None:
+        self.session = session
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.count = count
+        self.watchdog = watchdog
+        self.lease_ms = lease_ms
+        #: monotonic time by which the lease runs out unless renewed (counted from the moment the
+        #: grant was *sent*, so it is never later than the server's own deadline)
+        self.expires_at = sent_at + lease_ms / 1000.0
+        self.lost = False
+        #: set while a release of this hold is in flight: a renewal that finds the hold gone
+        #: then raced the release, and says nothing about a lost lease
+        self.releasing = False
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: the primitive that made the hold knows its script and keys
+        self.renew = renew
+        self.end = end
+        #: what must stay alive while the hold does (the user's client, for a session that
+        #: talks through it)
+        self.pin: Any = None
+
+
+class Watchdog:
+    """The registry of a session's holds and the thread that renews the watchdog ones.
+
+    ``client`` is called for the client to renew through; ``on_lost(hold)`` reports a hold
+    found lost (the session tells the primitives).
+    """
+
+    def __init__(self, client: Callable[[], Any], tag: str, on_lost: Callable[[Hold], None]) -> None:
+        self._client = client
+        self._tag = tag
+        self._on_lost = on_lost
+        self.mutex = threading.Lock()
+        self.holds: Dict[Tuple[str, str], Hold] = {}
+        self._thread: Optional[threading.Thread] = None
+        self._kick = threading.Event()
+        #: clean-up round trips that must not delay the caller (see ``defer``)
+        self._deferred: Deque[Callable[[], object]] = collections.deque()
+        self._abandoned: Deque[Hold] = collections.deque()  # see ``abandon``
+        self._renewer: Any = None  # (renew interval, twin), made on first renewal
+        self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
+        self.closed = False
+
+    # --- the registry -------------------------------------------------------------------------
+
+    def add(self, hold: Hold) -> None:
+        with self.mutex:
+            self.holds[(hold.key, hold.owner)] = hold
+            if hold.watchdog:
+                self._ensure_locked()
+
+    def drop(self, hold: Hold) -> bool:
+        """Forget ``hold``; return True when no hold is left."""
+        with self.mutex:
+            if self.holds.get((hold.key, hold.owner)) is hold:
+                del self.holds[(hold.key, hold.owner)]
+            return not self.holds
+
+    def watch(self, hold: Hold) -> None:
+        """Turn an existing hold over to the watchdog (a re-entry asked for lease=None)."""
+        with self.mutex:
+            hold.watchdog = True
+            self._ensure_locked()
+
+    def abandon(self, hold: Hold) -> None:
+        """The only object that could release ``hold`` was garbage collected: give the hold
+        back (a watchdog hold) or forget it (a leased one ends by itself). Runs wherever the
+        collector runs, so it takes no lock: the watchdog thread does the round trip."""
+        if hold.watchdog and hold.end is not None:
+            self._abandoned.append(hold)
+            self._kick.set()
+        elif self.holds.get((hold.key, hold.owner)) is hold:
+            self.holds.pop((hold.key, hold.owner), None)
+
+    def registered(self, hold: Hold) -> bool:
+        """True while ``hold`` is still registered (not released meanwhile)."""
+        with self.mutex:
+            return self.holds.get((hold.key, hold.owner)) is hold
+
+    def defer(self, task: Callable[[], object]) -> None:
+        """Run ``task`` soon in the watchdog thread, not in the caller's. Tasks must catch their
+        own Redis errors; what is left undone when the session closes expires with its key."""
+        with self.mutex:
+            self._deferred.append(task)
+            self._ensure_locked()
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def _ensure_locked(self) -> None:
+        """Start the thread, or wake it when it is sleeping out its idle time (which may be
+        longer than a new hold's lease)."""
+        if self._idle:
+            self._kick.set()
+        if self._thread is None and not self.closed:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"distlock-watchdog-{self._tag}", daemon=True)
+            self._thread.start()
+
+    def _idle_locked(self) -> bool:
+        return not self._deferred and not self._abandoned and not any(
+            h.watchdog and not h.lost for h in self.holds.values())
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        renew_at = time.monotonic() + settings().renew_interval
+        idle_since: Optional[float] = None
+        while not self.closed:
+            now = time.monotonic()
+            with self.mutex:
+                if self._idle_locked():
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= IDLE_EXIT:
+                        self._thread = None
+                        break
+                else:
+                    idle_since = None
+                self._idle = idle_since is not None
+            # Look again at least every TICK, so that the thread notices its last hold is
+            # gone without the release having to wake it (that would cost every release a
+            # thread switch).
+            wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
+            self._kick.wait(max(0.0, wait))
+            self._kick.clear()
+            if self.closed:
+                break
+            try:
+                self._run_deferred()
+                if time.monotonic() < renew_at:
+                    continue  # woken for deferred work, or to check for idleness
+                retry_after = self.renew_all()
+            except BaseException:  # noqa: BLE001 - nothing may stop the watchdog
+                log.exception("distlock: watchdog error; retrying")
+                retry_after = min(1.0, settings().renew_interval)
+            renew_at = time.monotonic() + (
+                retry_after if retry_after is not None else settings().renew_interval)
+        self._drop_renewer()
+
+    def _give_back(self, holds: Iterable[Hold], why: str) -> None:
+        for hold in holds:
+            if hold.lost or not self.registered(hold):
+                continue
+            log.warning("distlock: %s held %s; giving it back", why, hold.key)
+            try:
+                hold.end(hold)  # type: ignore[misc]
+            except Exception as exc:  # noqa: BLE001 - it then ends with its lease
+                log.warning("distlock: could not give back %s: %r", hold.key, exc)
+            self.drop(hold)
+
+    def _run_deferred(self) -> None:
+        abandoned = []
+        while self._abandoned:
+            abandoned.append(self._abandoned.popleft())
+        self._give_back(abandoned, "a lock object was garbage collected while it")
+        while True:
+            try:
+                task = self._deferred.popleft()
+            except IndexError:
+                return
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - a clean-up must not kill the watchdog
+                log.debug("distlock: deferred clean-up failed", exc_info=True)
+
+    def renew_all(self) -> Optional[float]:
+        """Renew every live watchdog hold in one pipelined round trip.
+
+        Return None when all went through, or a short delay before the next try after a
+        failure of any kind. A hold that cannot be renewed before its lease runs out is marked
+        lost: a renewal that fails is never silent.
+        """
+        with self.mutex:
+            holds = [h for h in self.holds.values() if h.watchdog and not h.lost]
+        if not holds:
+            return None
+        lease_ms = max(1, int(settings().lease * 1000))
+        retry = min(1.0, settings().renew_interval)
+        sent_at = time.monotonic()
+        failed = False
+        try:
+            pipe = self._renewal_client().pipeline(transaction=False)
+            queued = []
+            for hold in holds:
+                try:
+                    hold.renew(pipe, hold, lease_ms)
+                    queued.append(hold)
+                except Exception:  # noqa: BLE001 - one primitive's bug is not everyone's loss
+                    log.exception("distlock: watchdog could not queue the renewal of %s", hold.key)
+                    failed = True
+                    self._expire([hold])
+            holds = queued
+            replies = pipe.execute(raise_on_error=False) if holds else []
+        except Exception as exc:  # noqa: BLE001 - any failure: retry, and report what ran out
+            log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
+            self._expire(holds)
+            return retry
+        for hold, reply in zip(holds, replies):
+            if isinstance(reply, Exception):
+                log.warning("distlock: watchdog renewal of %s failed: %r", hold.key, reply)
+                failed = True
+                self._expire([hold])
+            elif reply == 1:
+                hold.lease_ms = lease_ms
+                hold.expires_at = sent_at + lease_ms / 1000.0
+            elif reply == RENEW_ENDED:
+                self.drop(hold)  # ended without a loss (a permit released on our behalf)
+            elif not hold.releasing and self.registered(hold):
+                self._on_lost(hold)
+        return retry if failed else None
+
+    def _expire(self, holds: List[Hold]) -> None:
+        """Report lost every hold of ``holds`` whose lease has run out unrenewed."""
+        now = time.monotonic()
+        for hold in holds:
+            if now >= hold.expires_at:
+                self._on_lost(hold)
+
+    def _renewal_client(self) -> Any:
+        """The watchdog's own connection (see ``_clients.renewer``): not from the user's pool,
+        and bounded by the renew interval. Remade when configure() changed that interval."""
+        interval = settings().renew_interval
+        current = self._renewer
+        if current is not None and current[0] == interval:
+            return current[1]
+        client = self._client()
+        twin = renewer(client, interval)
+        if twin is None:
+            return client
+        self._renewer = (interval, twin)
+        if current is not None:
+            _disconnect(current[1])
+        return twin
+
+    def _drop_renewer(self) -> None:
+        current, self._renewer = self._renewer, None
+        if current is not None:
+            _disconnect(current[1])
+
+    def close(self, join: bool) -> None:
+        self.closed = True
+        self._kick.set()
+        thread = self._thread
+        if join and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=3.0)
+        self._drop_renewer()
+
+
+def _disconnect(client: Any) -> None:
+    try:
+        client.connection_pool.disconnect()
+    except Exception:  # noqa: BLE001 - it is being thrown away
+        pass
