@@ -290,9 +290,10 @@ class DistCondition(SessionUser):
         lock = self._lock
         hold = lock._current(session)
         if hold is None:
-            raise LockNotOwnedError(lock._unowned_message)
+            raise LockNotOwnedError(lock._unowned_message, name=lock.name)
         if hold.lost:
-            raise LockLostError(f"lease on {lock.name!r} was lost before release")
+            raise LockLostError(f"lease on {lock.name!r} was lost before release",
+                                name=lock.name, token=hold.token)
         count = hold.count
         lock._forget(hold)
         keys = self._keys
@@ -304,7 +305,8 @@ class DistCondition(SessionUser):
             session.drop_hold(hold)
         if reply == WAIT_LOCK_LOST:
             session.mark_lost(hold)
-            raise LockLostError(f"lease on {lock.name!r} was lost before release")
+            raise LockLostError(f"lease on {lock.name!r} was lost before release",
+                                name=lock.name, token=hold.token)
         if isinstance(lock, DistRLock):
             return count, threading.get_ident()
         return _SELF_RELEASED

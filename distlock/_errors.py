@@ -7,6 +7,8 @@ All of them pickle, so they cross process boundaries (multiprocessing, concurren
 
 from __future__ import annotations
 
+from typing import Any, Optional, Tuple
+
 __all__ = ["DistLockError", "LockNotOwnedError", "LockLostError"]
 
 
@@ -18,7 +20,22 @@ class LockNotOwnedError(DistLockError, RuntimeError):
     """Release (or another owner-only call) of a primitive the caller does not hold.
 
     Subclasses :class:`RuntimeError`, which is what :mod:`threading` raises in the same case.
+    ``name`` is the primitive's shared name and ``token`` the fencing token of the hold
+    concerned (None when there was none, or when it is not known); both survive pickling, so
+    the error crosses process boundaries whole.
     """
+
+    def __init__(self, message: str = "", *, name: Optional[str] = None,
+                 token: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.name = name
+        self.token = token
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_rebuild, (type(self), str(self), self.name, self.token))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r}, name={self.name!r}, token={self.token!r})"
 
 
 class LockLostError(LockNotOwnedError):
@@ -27,3 +44,8 @@ class LockLostError(LockNotOwnedError):
     Raised by ``release()`` after the hold was found gone or owned by someone else, by the
     watchdog's renewal, by the release script, or by a force-release.
     """
+
+
+def _rebuild(cls: Any, message: str, name: Optional[str], token: Optional[int]) -> Any:
+    """Unpickle a LockNotOwnedError (or subclass) with its keyword-only data."""
+    return cls(message, name=name, token=token)

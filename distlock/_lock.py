@@ -214,11 +214,13 @@ class _LockBase(SessionUser):
 
     def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> bool:
         if held.lost:
-            raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it")
+            raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
+                                name=self._name, token=held.token)
         reply = self._call_acquire(session, held.owner, ms, count, str(held.token))
         if reply == 0:
             session.mark_lost(held)
-            raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it")
+            raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
+                                name=self._name, token=held.token)
         held.count += count
         held.listeners.add(self)
         if watchdog and not held.watchdog:
@@ -254,7 +256,8 @@ class _LockBase(SessionUser):
             if left == 0:
                 self._forget(hold)
                 session.drop_hold(hold)
-            raise LockLostError(f"lease on {self._name!r} was lost before release")
+            raise LockLostError(f"lease on {self._name!r} was lost before release",
+                                name=self._name, token=hold.token)
         hold.releasing = True  # a renewal racing this release must not call the hold lost
         try:
             left = self._call_release(session, hold, count)
@@ -268,7 +271,8 @@ class _LockBase(SessionUser):
             self._forget(hold)
             session.drop_hold(hold)
             session.mark_lost(hold)
-            raise LockLostError(f"lease on {self._name!r} was lost before release")
+            raise LockLostError(f"lease on {self._name!r} was lost before release",
+                                name=self._name, token=hold.token)
         hold.count = left
         if left == 0:
             self._forget(hold)
@@ -360,7 +364,7 @@ class DistLock(_LockBase):
         with self._mutex:
             hold = self._hold
             if hold is None or hold.session is not session:
-                raise LockNotOwnedError(self._unowned_message)
+                raise LockNotOwnedError(self._unowned_message, name=self._name)
             self._hold = None
         self._release(hold, session, 1)
 
@@ -410,7 +414,7 @@ class _ThreadOwned(_LockBase):
         session = self._session()
         hold = self._current(session)
         if hold is None:
-            raise LockNotOwnedError(self._unowned_message)
+            raise LockNotOwnedError(self._unowned_message, name=self._name)
         self._release(hold, session, 1)
 
     def _is_owned(self) -> bool:
@@ -425,7 +429,7 @@ class _ThreadOwned(_LockBase):
         session = self._session()
         hold = self._current(session)
         if hold is None:
-            raise LockNotOwnedError(self._unowned_message)
+            raise LockNotOwnedError(self._unowned_message, name=self._name)
         count = hold.count
         self._release(hold, session, 0)
         return count, threading.get_ident()

@@ -233,7 +233,7 @@ class DistSemaphore(SessionUser):
             for hold in holds:
                 if hold.owner in lost:
                     session.mark_lost(hold)
-            raise LockLostError(release_lost(len(lost), self._name))
+            raise LockLostError(release_lost(len(lost), self._name), name=self._name)
         self._seen = int(reply)
 
     def __exit__(self, *exc_info: object) -> None:
