@@ -137,8 +137,13 @@ def round_robin(names: Sequence[str], rnd: int) -> List[str]:
 
 
 def interleaved(ops: Mapping[str, Callable[[], object]], *, rounds: int, per_round: int,
-                warmup_ops: int = 20, max_seconds: Optional[float] = None) -> Dict[str, List[float]]:
+                warmup_ops: int = 20, max_seconds: Optional[float] = None,
+                cpu: Optional[Dict[str, List[float]]] = None) -> Dict[str, List[float]]:
     """Time every candidate in ``rounds`` short rounds; return µs per call, per round.
+
+    With ``cpu``, also record there the process' CPU time (``time.process_time()``, every
+    thread of the client process) per call, per round: on a loaded machine that, not the wall
+    time, is what a client's extra Python work costs.
 
     Each round runs every candidate ``per_round`` times back to back, in an order rotated by one
     each round (round-robin), so a slow spell of the machine is shared out. One warm-up pass of
@@ -152,14 +157,17 @@ def interleaved(ops: Mapping[str, Callable[[], object]], *, rounds: int, per_rou
             fn()
     out: Dict[str, List[float]] = {name: [] for name in names}
     started = time.monotonic()
-    perf = time.perf_counter
+    perf, process = time.perf_counter, time.process_time
     for rnd in range(rounds):
         for name in round_robin(names, rnd):
             fn = ops[name]
+            c0 = process()
             t0 = perf()
             for _ in range(per_round):
                 fn()
             out[name].append((perf() - t0) / per_round * 1e6)
+            if cpu is not None:
+                cpu.setdefault(name, []).append((process() - c0) / per_round * 1e6)
         if max_seconds is not None and rnd >= 2 and time.monotonic() - started > max_seconds:
             break
     return out

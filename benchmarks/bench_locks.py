@@ -6,6 +6,7 @@ redis-server on 127.0.0.1:
 
 - floor: two EVALSHA of ``return 1`` through the same redis-py client (µs per pair);
 - uncontended: acquire + release, µs/op, as a ratio to the floor measured in the same rounds;
+  and the client process' CPU time per acquire + release, as a ratio to the floor's CPU time;
 - handoff: from the start of ``release()`` here to the return of ``acquire()`` in another
   process that was blocked on it (median and p99);
 - contended: 4 processes doing GET/SET of a counter under the lock for a fixed time: ops/s and
@@ -152,8 +153,11 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
             handle = impl.factory(client, f"bench:uncontended:{impl.key}")
             ops[impl.label] = C.cycle(handle.acquire_default, handle.release)
     C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
+    cpu: Dict[str, List[float]] = {}
     with C.pinned(client) as pin:
-        per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops, max_seconds=k.uncontended_max_s)
+        per_round = C.interleaved(ops, rounds=k.rounds, per_round=k.ops,
+                                  max_seconds=k.uncontended_max_s, cpu=cpu)
+    cpu_vs_floor = C.per_round_ratios(cpu, "floor")
     vs_floor = C.per_round_ratios(per_round, "floor")
     vs_redis = C.per_round_ratios(per_round, REDIS_PY) if REDIS_PY in per_round else {}
     n = len(per_round["floor"])
@@ -171,6 +175,13 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
         rows.append(C.Row("uncontended acquire+release", label, C.median(values), "µs/op", ratio,
                           C.median(vs_redis[label]) if vs_redis else None, note,
                           {"per_round_us": values, "per_round_vs_floor": vs_floor[label]}))
+    for label, values in cpu.items():
+        ratio = C.median(cpu_vs_floor[label])
+        rows.append(C.Row("client CPU per acquire+release", label, C.median(values), "µs/op", ratio,
+                          note=f"time.process_time(), ratio to the floor's per round; median of "
+                               f"{len(values)} rounds",
+                          data={"per_round_cpu_us": values,
+                                "per_round_cpu_vs_floor": cpu_vs_floor[label]}))
     return rows
 
 

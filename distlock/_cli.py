@@ -469,16 +469,6 @@ def _make_lock(args: argparse.Namespace, client: redis.Redis,
     return distlock.DistLock(args.name, client=client, lease=args.lease)
 
 
-def _token_field(lock: Any, hold: Any) -> str:
-    """The field of ``hold.key`` that carries the hold's token: a reader's own ``<owner>/t``
-    in a read/write lock's readers hash, else the hash's ``:t``."""
-    try:
-        from ._rwlock import DistReadLock
-    except ImportError:
-        return ":t"
-    return f"{hold.owner}/t" if isinstance(lock, DistReadLock) else ":t"
-
-
 def _hold_of(lock: Any) -> Any:
     """The library's record of ``lock``'s current hold (key, token, expiry), if it has one."""
     try:
@@ -524,6 +514,8 @@ class _Runner:
         self._mutex = threading.Lock()
         self._stop = threading.Event()
         self._killer: Optional[threading.Timer] = None
+        #: the library's record of the hold, taken by the thread that acquired it
+        self.hold: Any = None
 
     def lost(self, reason: str) -> None:
         """The lease is gone: say why, SIGTERM the command, SIGKILL it after the grace period."""
@@ -563,7 +555,7 @@ class _Runner:
     def monitor(self) -> None:
         """Check every RUN_CHECK_EVERY seconds that the hold is still ours; with an explicit
         lease, declare it lost when it runs out (nothing renews it)."""
-        hold = _hold_of(self.lock)
+        hold = self.hold
         expires_at = getattr(hold, "expires_at", None) if self.args.lease is not None else None
         while not self._stop.is_set():
             wait = RUN_CHECK_EVERY
@@ -578,10 +570,13 @@ class _Runner:
             if hold is None or getattr(hold, "lost", False):
                 continue
             try:
-                current = hold.session.client.hget(hold.key, _token_field(self.lock, hold))
-            except redis.RedisError:
+                held = self.lock._still_held(hold)
+            except (redis.ConnectionError, redis.TimeoutError):
                 continue  # the watchdog decides when an unreachable server means a lost lease
-            if current is None or int(current) != hold.token:
+            except redis.RedisError as exc:  # an answer, but not one that says "still yours"
+                self._mark_lost(hold, f"its hold cannot be confirmed in Redis ({exc})")
+                return
+            if not held:
                 self._mark_lost(hold, "the hold is gone from Redis (force-released, expired, or "
                                       "the server restarted)")
                 return
@@ -638,6 +633,9 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 pass
             _err(f"could not take {args.name!r}{how}{held}")
             return int(args.conflict_exit_code)
+        # The hold is looked up here, in the thread that took it: a DistRLock's or a read or
+        # write side's hold belongs to its thread, and the monitor thread would find none.
+        runner.hold = _hold_of(lock)
         return _run_holding(args, lock, runner, previous)
     finally:
         for sig, handler in previous.items():

@@ -281,6 +281,13 @@ class _LockBase(SessionUser):
             hold.releasing = False
         return left
 
+    def _still_held(self, hold: Hold) -> bool:
+        """One round trip: is ``hold`` still in Redis, with its token? (``distlock run``
+        checks this every second.) Redis errors propagate: a reply of the wrong type is never
+        taken for an answer."""
+        current = hold.session.client.hget(hold.key, ":t")
+        return current is not None and int(current) == hold.token
+
     def _ender(self) -> Callable[[Hold], Any]:
         """What gives a whole hold back (at interpreter exit; see ``Session.release_all``)."""
         return self._end

@@ -182,6 +182,15 @@ class DistReadLock(_RWSide):
         return int(session.run("rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
                                optional_tail((owner, ms), reentry_token, "")))
 
+    def _still_held(self, hold: Hold) -> bool:
+        """A read hold is a member of the readers' sorted set, scored by its deadline (server
+        ms): it is still held while its member is there with a deadline still ahead."""
+        pipe = hold.session.client.pipeline(transaction=False)
+        pipe.zscore(self._rw.readers, reader_member(hold.owner, hold.token))
+        pipe.time()
+        deadline, (seconds, micros) = pipe.execute()
+        return deadline is not None and float(deadline) > seconds * 1000 + micros // 1000
+
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         rw = self._rw
         left = read_release_left(hold.count, count)

@@ -22,7 +22,7 @@ import pytest
 import redis
 
 import distlock
-from distlock import DistLock, DistRLock, LockLostError, _cli, configure
+from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, _cli, configure
 from distlock._demo import Row, format_table, handoff_latencies
 from distlock._inspect import (
     exclusive_state,
@@ -342,6 +342,46 @@ def test_lost_lease_by_expiry_stops_the_command_and_exits_76(
         kill(proc)
         if other.owned():
             other.release()
+
+
+@pytest.mark.real_redis
+def test_run_shared_stops_within_a_second_of_losing_its_read_hold(
+        url: str, client: redis.Redis[Any]) -> None:
+    """The monitor checks a read hold where it lives, the readers' sorted set: it read it as a
+    hash, and the WRONGTYPE error was swallowed, so while another reader kept the set alive a
+    lost read hold went unseen until the command ended."""
+    other = DistReadWriteLock("rwjob", client=client).read_lock()
+    assert other.acquire()
+    readers = "distlock:{rwjob}:rw:r"
+    mine = set(client.zrange(readers, 0, -1))
+    # --lease: no watchdog renews the hold, so only the monitor can notice the loss in time
+    proc = start("run", "rwjob", "--shared", "--lease", "60", "--url", url, "--", sys.executable,
+                 "-c", SLEEPING_CHILD, url=url)
+    try:
+        assert read_line(proc) == "ready"
+        (theirs,) = set(client.zrange(readers, 0, -1)) - mine
+        assert client.zrem(readers, theirs) == 1  # its read hold is gone; ours stays
+        status, _, err = finish(proc, timeout=15)  # the command sleeps 60 s
+        assert status == 76, err
+        assert "lost" in err
+        assert other.owned()
+    finally:
+        kill(proc)
+        other.release()
+
+
+@pytest.mark.real_redis
+def test_run_write_stops_when_its_hold_is_force_released(url: str, client: redis.Redis[Any]) -> None:
+    proc = start("run", "rwjob", "--write", "--url", url, "--", sys.executable, "-c",
+                 SLEEPING_CHILD, url=url)
+    try:
+        assert read_line(proc) == "ready"
+        forced = cli("release", "--force", "rwjob", "--url", url)
+        assert forced.returncode == 0, forced.stderr
+        status, _, err = finish(proc, timeout=15)  # the command sleeps 60 s
+        assert status == 76, err
+    finally:
+        kill(proc)
 
 
 @pytest.mark.real_redis
