@@ -422,7 +422,8 @@ def _force_release(client: redis.Redis, state: LockState) -> tuple[int, int]:
         data = [k.lock]
         seen = "" if state.token is None or state.kind.startswith("unknown") else str(state.token)
     script = client.register_script(script_source("force_release"))
-    broken, fence = script(keys=[k.fence, *channels, *data], args=[seen, len(channels)])
+    retention = max(1, settings().fence_retention_ms)
+    broken, fence = script(keys=[k.fence, *channels, *data], args=[seen, len(channels), retention])
     return int(broken), int(fence)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional, Union
 
 import redis
 
-from ._logic import check_seconds
+from ._logic import check_retention, check_seconds
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
@@ -34,6 +34,8 @@ class Settings:
     - ``wait_cap``: the longest a waiter at the head of its process' queue sleeps before it
       tries again, whatever pub/sub says (3 s). Other waiters of the same lock in the same
       process sleep at most ``wait_cap * queue_cap_factor``.
+    - ``fence_retention``: how long a name's fencing-token counter outlives its last hold, in
+      seconds (3600); 0: it goes with the hold. See docs/safety.rst.
     """
 
     prefix: str = "distlock:"
@@ -41,6 +43,11 @@ class Settings:
     renew_interval: float = 10.0
     wait_cap: float = 3.0
     queue_cap_factor: float = 10.0
+    fence_retention: float = 3600.0
+
+    @property
+    def fence_retention_ms(self) -> int:
+        return int(self.fence_retention * 1000)
 
 
 _lock = threading.Lock()
@@ -68,6 +75,7 @@ def configure(
     lease: Optional[float] = None,
     renew_interval: Optional[float] = None,
     wait_cap: Optional[float] = None,
+    fence_retention: Optional[float] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -91,6 +99,8 @@ def configure(
         changes["renew_interval"] = check_seconds(renew_interval, "renew_interval")
     if wait_cap is not None:
         changes["wait_cap"] = check_seconds(wait_cap, "wait_cap")
+    if fence_retention is not None:
+        changes["fence_retention"] = check_retention(fence_retention)
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")

@@ -60,6 +60,7 @@ class _LockBase(SessionUser):
         self._client_arg = client
         self._lease = check_lease(lease)
         self._keys = Keys(settings().prefix, self._name)
+        self._renew_fn = functools.partial(_renew_exclusive, self._keys.fence)
         self._lost_callbacks: List[Callable[[Any], Any]] = []
 
     # --- public surface ---------------------------------------------------------------------
@@ -137,7 +138,7 @@ class _LockBase(SessionUser):
                       waiter: Optional[Waiter] = None) -> int:
         """One try. ``mode``: '' first try, 'w' a queued waiter's try, else re-entry token."""
         keys = self._keys
-        args: Tuple[Any, ...] = (owner, ms, session.info)
+        args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info)
         if waiter is not None:
             others = "1" if len(waiter.channel.waiters) > 1 else "0"
             args += (mode, count, waiter.channel.name, registry_lease_ms(settings().wait_cap), others)
@@ -148,9 +149,6 @@ class _LockBase(SessionUser):
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         return _run_release(self._keys, session, hold, count)
 
-    @staticmethod
-    def _renew(pipe: Any, hold: Hold, ms: int) -> None:
-        hold.session.scripts["lock_renew"](keys=(hold.key,), args=(hold.owner, hold.token, ms), client=pipe)
 
     def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> bool:
         session = self._session()
@@ -234,7 +232,7 @@ class _LockBase(SessionUser):
 
     def _renewer(self) -> Callable[[Any, Hold, int], Any]:
         """What the watchdog calls to queue one renewal of a hold of this primitive."""
-        return self._renew
+        return self._renew_fn
 
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
                ms: int, sent_at: float) -> None:
@@ -320,12 +318,19 @@ class _LockBase(SessionUser):
         raise NotImplementedError
 
 
+def _renew_exclusive(fence: str, pipe: Any, hold: Hold, ms: int) -> None:
+    """Queue one ``lock_renew`` of ``hold`` (an exclusive hash: a lock, or a writer)."""
+    hold.session.scripts["lock_renew"](
+        keys=(hold.key, fence),
+        args=(hold.owner, hold.token, ms, ms + settings().fence_retention_ms), client=pipe)
+
+
 def _run_release(keys: Keys, session: Session, hold: Hold, count: int) -> int:
     """One ``lock_release`` of ``count`` (0: all) of ``hold``; the count left, or -1 if lost."""
-    args: Tuple[Any, ...] = (hold.owner, hold.token)
+    args: Tuple[Any, ...] = (hold.owner, hold.token, settings().fence_retention_ms)
     if count != 1:
         args += (count,)
-    return int(session.run("lock_release", (keys.lock, keys.queue), args))
+    return int(session.run("lock_release", (keys.lock, keys.queue, keys.fence), args))
 
 
 def _end_whole(keys: Keys, hold: Hold) -> None:

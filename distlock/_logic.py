@@ -64,6 +64,15 @@ def check_name(name: object) -> str:
     return name
 
 
+def check_retention(value: object) -> float:
+    """``configure(fence_retention=...)``: seconds, 0 allowed (the counter goes with the hold)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"fence_retention must be a number of seconds, not {type(value).__name__}")
+    if value == 0:
+        return 0.0
+    return check_seconds(value, "fence_retention")
+
+
 def check_seconds(value: object, what: str) -> float:
     """Return ``value`` as a positive, finite float of seconds, or raise TypeError/ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

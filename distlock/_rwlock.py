@@ -19,6 +19,7 @@ is refused the write lock at once with RuntimeError (upgrade), instead of deadlo
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any, Optional, Tuple
@@ -142,9 +143,11 @@ class _RWSide(_ThreadOwned):
         return lock_repr(self, self._kind, self._name, count > 0, f"owner={owner} count={count}")
 
 
-def _renew_reader(pipe: Any, hold: Hold, ms: int) -> None:
+def _renew_reader(fence: str, pipe: Any, hold: Hold, ms: int) -> None:
     hold.session.scripts["rw_read_renew"](
-        keys=(hold.key,), args=(reader_member(hold.owner, hold.token), ms), client=pipe)
+        keys=(hold.key, fence),
+        args=(reader_member(hold.owner, hold.token), ms, ms + settings().fence_retention_ms),
+        client=pipe)
 
 
 class DistReadLock(_RWSide):
@@ -173,14 +176,15 @@ class DistReadLock(_RWSide):
         return int(self._session().run("rw_read_count", (self._rw.readers,), ())) > 0
 
     def _renewer(self) -> Any:
-        return _renew_reader
+        return functools.partial(_renew_reader, self._rw.fence)
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
                       queued: bool = False) -> int:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
         return int(session.run("rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
-                               optional_tail((owner, ms), reentry_token, "")))
+                               optional_tail((owner, ms, ms + settings().fence_retention_ms),
+                                             reentry_token, "")))
 
     def _still_held(self, hold: Hold) -> bool:
         """A read hold is a member of the readers' sorted set, scored by its deadline (server
@@ -194,8 +198,10 @@ class DistReadLock(_RWSide):
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         rw = self._rw
         left = read_release_left(hold.count, count)
-        return int(session.run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
-                               optional_tail((reader_member(hold.owner, hold.token),), left, 0)))
+        return int(session.run("rw_read_release",
+                               (rw.readers, rw.queue, rw.writer_channel, rw.fence),
+                               optional_tail((reader_member(hold.owner, hold.token),
+                                              settings().fence_retention_ms), left, 0)))
 
 
 class DistWriteLock(_RWSide):
@@ -249,13 +255,16 @@ class DistWriteLock(_RWSide):
         if mode == "x":
             keys += (rw.reader_channel,)
         return int(session.run("rw_write_acquire", keys,
-                               write_acquire_args(owner, ms, session.info, mode, queue_ms, count)))
+                               write_acquire_args(owner, ms, ms + settings().fence_retention_ms,
+                                                  session.info, mode, queue_ms, count)))
 
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         rw = self._rw
         return int(session.run("rw_write_release",
-                               (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
-                               optional_tail((hold.owner, hold.token), count, 1)))
+                               (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel,
+                                rw.fence),
+                               optional_tail((hold.owner, hold.token,
+                                              settings().fence_retention_ms), count, 1)))
 
 
 class DistReadWriteLock:

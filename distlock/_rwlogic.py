@@ -98,11 +98,11 @@ def write_acquire_mode(reentry_token: str, queue_ms: int, queued: bool) -> str:
     return "x" if queued else ""
 
 
-def write_acquire_args(owner: str, ms: int, info: str, mode: str, queue_ms: int,
+def write_acquire_args(owner: str, ms: int, fence_ms: int, info: str, mode: str, queue_ms: int,
                        count: int) -> Tuple[Any, ...]:
     """ARGV of ``rw_write_acquire``, without the trailing arguments it can do without: every
     argument costs the client measurable time to encode on the uncontended path."""
-    head: Tuple[Any, ...] = (owner, ms, info)
+    head: Tuple[Any, ...] = (owner, ms, fence_ms, info)
     if count != 1:
         return head + (mode, queue_ms, count)
     if mode in ("q", "w"):

@@ -38,14 +38,35 @@ end
 -- at 1. Earlier tokens can't be above that: each started from an earlier clock reading and grew
 -- by one per grant, and grants (script runs, one at a time) take well over a microsecond each.
 -- Tokens stay below 2^53, exact in Lua's doubles; the clock is stored with fmt (above).
-local function next_token(fence_key)
+-- The counter lives `ttl` ms from this grant: the grant's lease plus the fence retention, so
+-- that it outlives the hold by the retention (renewals extend it alike) and then goes.
+local function next_token(fence_key, ttl)
   local token = redis.call('incr', fence_key)
   if token == 1 then
     local now = redis.call('time')
     token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('set', fence_key, fmt(token))
+    redis.call('set', fence_key, fmt(token), 'px', ttl)
+  else
+    redis.call('pexpire', fence_key, ttl)
   end
   return token
+end
+
+-- fence_rest(fence_key, retention): the name's hold just ended: its counter lives `retention`
+-- ms more, or goes now for 0 (the next grant then starts from the server's clock).
+local function fence_rest(fence_key, retention)
+  if retention > 0 then
+    redis.call('pexpire', fence_key, retention)
+  else
+    redis.call('del', fence_key)
+  end
+end
+
+-- outlive_fence(fence_key, ttl): a renewal's share: the counter lives at least `ttl` ms more.
+local function outlive_fence(fence_key, ttl)
+  if redis.call('pttl', fence_key) < tonumber(ttl) then
+    redis.call('pexpire', fence_key, ttl)
+  end
 end
 
 -- held_reply(key, pttl): the reply "someone else holds it": -(pttl + 1), where pttl is the

@@ -9,6 +9,7 @@
 -- ARGV[1]  '' to break whatever holds the lock; otherwise the token the caller saw, and the
 --          hold is broken only if that hash still carries that token
 -- ARGV[2]  how many channels come first in KEYS (after the fence)
+-- ARGV[3]  fence TTL, ms (>= 1): the fence retention, since nothing is held afterwards
 -- return   {token of the broken hold (0 when it had none, e.g. only readers), new fence value}
 --          when broken; {0, 0} when nothing was held; {-1, current token} when ARGV[1] no
 --          longer matches.
@@ -30,7 +31,7 @@ end
 for i = first, #KEYS do
   redis.call('del', KEYS[i])
 end
-local fence = next_token(KEYS[1])
+local fence = next_token(KEYS[1], tonumber(ARGV[3]))
 for i = 2, first - 1 do
   redis.call('publish', KEYS[i], '*')
 end

@@ -5,22 +5,23 @@
 -- KEYS[3]  registry of waiting processes: sorted set, wake-up channel -> entry deadline (ms)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
--- ARGV[3]  holder info (host:pid), kept for `distlock status`
--- ARGV[4]  mode: absent or '' for a first try; 'w' for a try by a queued waiter; 'p' for a
+-- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token)
+-- ARGV[4]  holder info (host:pid), kept for `distlock status`
+-- ARGV[5]  mode: absent or '' for a first try; 'w' for a try by a queued waiter; 'p' for a
 --          queued waiter's try that, when it fails, neither registers the process nor flags the
 --          hold (a waiter backing off after it lost a race: no release wakes it meanwhile);
 --          otherwise the token of the hold the caller believes it has (re-entry)
--- ARGV[5]  count to add; absent means 1 (the saved count for _acquire_restore())
--- ARGV[6]  modes 'w'/'p' only: the waiter's process channel, to register when the try fails
--- ARGV[7]  modes 'w'/'p' only: registry entry lease, ms
--- ARGV[8]  modes 'w'/'p' only: '1' when other threads of the process still wait after a grant
+-- ARGV[6]  count to add; absent means 1 (the saved count for _acquire_restore())
+-- ARGV[7]  modes 'w'/'p' only: the waiter's process channel, to register when the try fails
+-- ARGV[8]  modes 'w'/'p' only: registry entry lease, ms
+-- ARGV[9]  modes 'w'/'p' only: '1' when other threads of the process still wait after a grant
 -- return   token (> 0) when granted or re-entered;
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(pttl + 1) (<= -1) when someone else holds it, pttl its remaining lease in ms
 --          (0 when unknown); the hold is then flagged so that its release wakes a waiter.
 local lease = tonumber(ARGV[2])
-local mode = ARGV[4] or ''
-local count = ARGV[5] or '1'
+local mode = ARGV[5] or ''
+local count = ARGV[6] or '1'
 if mode ~= '' and mode ~= 'w' and mode ~= 'p' then
   if redis.call('hget', KEYS[1], ':t') ~= mode or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return 0
@@ -38,7 +39,7 @@ if present > 0 then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
     if mode == 'w' then
-      register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
+      register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
     end
     if mode ~= 'p' then
       redis.call('hset', KEYS[1], ':w', 1)
@@ -46,19 +47,19 @@ if present > 0 then
     return held_reply(KEYS[1], pttl)
   end
 end
-local token = string.format('%.0f', next_token(KEYS[2]))
+local token = string.format('%.0f', next_token(KEYS[2], tonumber(ARGV[3])))
 if present > 0 then
   -- processes are registered as waiting: this hold's release must wake the next of them
-  redis.call('hset', KEYS[1], ARGV[1], count, ':t', token, ':i', ARGV[3], ':w', 1)
+  redis.call('hset', KEYS[1], ARGV[1], count, ':t', token, ':i', ARGV[4], ':w', 1)
 else
-  redis.call('hset', KEYS[1], ARGV[1], count, ':t', token, ':i', ARGV[3])
+  redis.call('hset', KEYS[1], ARGV[1], count, ':t', token, ':i', ARGV[4])
 end
 if mode == 'w' or mode == 'p' then
-  if ARGV[8] == '1' then
-    register_waiter(KEYS[3], ARGV[6], tonumber(ARGV[7]))
+  if ARGV[9] == '1' then
+    register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
     redis.call('hset', KEYS[1], ':w', 1)
   else
-    redis.call('zrem', KEYS[3], ARGV[6])
+    redis.call('zrem', KEYS[3], ARGV[7])
   end
 end
 redis.call('pexpire', KEYS[1], lease)

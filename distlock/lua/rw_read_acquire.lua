@@ -5,7 +5,8 @@
 -- KEYS[4]  fence: last token granted for this name
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
--- ARGV[3]  absent (or '') for a new hold; for a re-entry, the token of the hold the caller
+-- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token)
+-- ARGV[4]  absent (or '') for a new hold; for a re-entry, the token of the hold the caller
 --          believes it has
 -- return   token (> 0) when granted or re-entered (the reentrancy depth is the caller's to keep);
 --          0 when the re-entered hold is gone or its lease ran out (the caller's lease is lost;
@@ -14,7 +15,7 @@
 --          writer's release will then wake the readers) or a writer is waiting (bound = ms
 --          until the earliest live queue entry runs out).
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
-local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[3] or ''
+local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -50,6 +51,6 @@ else
   end
 end
 
-local token = next_token(KEYS[4])
+local token = next_token(KEYS[4], tonumber(ARGV[3]))
 keep(owner .. '#' .. string.format('%.0f', token), now + lease)
 return token

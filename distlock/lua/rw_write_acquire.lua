@@ -7,19 +7,20 @@
 -- KEYS[5]  readers' wake-up channel (mode 'x' only)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
--- ARGV[3]  holder info (host:pid)
--- ARGV[4]  mode: absent or '' try once, never queue; 'q' first try of a wait: queue if refused;
+-- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token)
+-- ARGV[4]  holder info (host:pid)
+-- ARGV[5]  mode: absent or '' try once, never queue; 'q' first try of a wait: queue if refused;
 --          'w' later try of a wait: queue (refresh the entry) if refused, leave the queue if
 --          granted; 'x' last try of a wait: leave the queue either way; otherwise the token of
 --          the hold the caller believes it has (re-entry)
--- ARGV[5]  modes 'q' and 'w': the queue entry's lease, ms (ignored otherwise)
--- ARGV[6]  count to add; absent means 1 (the saved count for _acquire_restore())
+-- ARGV[6]  modes 'q' and 'w': the queue entry's lease, ms (ignored otherwise)
+-- ARGV[7]  count to add; absent means 1 (the saved count for _acquire_restore())
 -- return   token (> 0) when granted or re-entered;
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(bound + 1) (<= -1) when refused: another writer holds it (bound = its PTTL) or
 --          readers do (bound = ms until the earliest live reader's lease runs out).
 -- A writer that leaves the queue as the last live waiting writer wakes the readers.
-local owner, lease, mode, count = ARGV[1], tonumber(ARGV[2]), ARGV[4] or '', ARGV[6] or '1'
+local owner, lease, mode, count = ARGV[1], tonumber(ARGV[2]), ARGV[5] or '', ARGV[7] or '1'
 if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
   local f = redis.call('hmget', KEYS[1], owner, ':t')
   if not f[1] or f[2] ~= mode then
@@ -60,7 +61,7 @@ end
 
 if refused ~= nil then
   if mode == 'q' or mode == 'w' then
-    local wait = tonumber(ARGV[5])
+    local wait = tonumber(ARGV[6])
     redis.call('zadd', KEYS[3], string.format('%.0f', clock() + wait), owner)
     if redis.call('pttl', KEYS[3]) < wait then
       redis.call('pexpire', KEYS[3], wait)
@@ -78,13 +79,13 @@ if refused ~= nil then
   return refused
 end
 
-local token = next_token(KEYS[4])
+local token = next_token(KEYS[4], tonumber(ARGV[3]))
 if mode == 'w' or mode == 'x' then
   -- a writer that waited: readers may have been refused behind it, so its release wakes them
-  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[3], ':r', 1)
+  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[4], ':r', 1)
   redis.call('zrem', KEYS[3], owner)
 else
-  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[3])
+  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[4])
 end
 redis.call('pexpire', KEYS[1], lease)
 return token

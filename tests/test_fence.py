@@ -1,0 +1,130 @@
+"""Fencing-token counters expire (issue 12, finding 3): a name's ``:fence`` key outlives its
+last hold by ``fence_retention``, then goes, so that locking per entity does not grow Redis
+without bound; tokens stay strictly increasing after it went (the server-TIME floor)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, List
+
+import pytest
+
+import distlock
+from distlock import DistLock, DistReadWriteLock, DistRLock
+
+KINDS = ["DistLock", "DistRLock", "read", "write"]
+
+
+def make(kind: str, name: str, client: Any, **kwargs: Any) -> Any:
+    if kind == "DistLock":
+        return DistLock(name, client=client, **kwargs)
+    if kind == "DistRLock":
+        return DistRLock(name, client=client, **kwargs)
+    rw = DistReadWriteLock(name, client=client, **kwargs)
+    return rw.read_lock() if kind == "read" else rw.write_lock()
+
+
+def settle(check: Callable[[], bool], bound: float = 20.0) -> bool:
+    deadline = time.monotonic() + bound
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_names_leave_nothing_once_the_retention_passed(client: Any, kind: str) -> None:
+    distlock.configure(fence_retention=1.0)
+    names = [f"fence-{kind}-{i}" for i in range(50)]
+    for name in names:
+        lock = make(kind, name, client)
+        with lock:
+            assert client.exists(f"distlock:{{{name}}}:fence")
+    assert client.keys("distlock:*"), "the counters outlive the holds for a while"
+    assert settle(lambda: not client.keys("distlock:*")), client.keys("distlock:*")[:5]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tokens_keep_growing_after_the_counter_went(client: Any, kind: str) -> None:
+    distlock.configure(fence_retention=0.2)
+    name = f"fence-grow-{kind}"
+    tokens: List[int] = []
+    for _round in range(3):
+        lock = make(kind, name, client, lease=0.5)
+        assert lock.acquire(blocking=False)
+        tokens.append(lock.token)
+        lock.release()
+        assert settle(lambda: not client.exists(f"distlock:{{{name}}}:fence"))
+    assert tokens == sorted(set(tokens)), tokens
+
+
+def test_retention_zero_goes_with_the_lease(client: Any) -> None:
+    distlock.configure(fence_retention=0)
+    lock = DistLock("fence-zero", client=client, lease=1.0)
+    with lock:
+        assert 0 < client.pttl("distlock:{fence-zero}:fence") <= 1000
+    assert settle(lambda: not client.keys("distlock:*"), 10.0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_renewed_hold_keeps_its_counter(client: Any, kind: str) -> None:
+    """The watchdog's renewals extend the counter with the hold: it never goes while held."""
+    distlock.configure(lease=1.0, renew_interval=0.2, fence_retention=0)
+    name = f"fence-held-{kind}"
+    lock = make(kind, name, client)
+    with lock:
+        token = lock.token
+        time.sleep(2.5)  # more than two leases
+        assert client.exists(f"distlock:{{{name}}}:fence")
+        assert int(client.get(f"distlock:{{{name}}}:fence")) == token
+    assert settle(lambda: not client.keys(f"distlock:{{{name}}}*"), 10.0)
+
+
+@pytest.mark.parametrize("value, error", [
+    (-1, ValueError), (math.nan, ValueError), (math.inf, ValueError), ("1", TypeError),
+    (True, TypeError), (None, None),
+])
+def test_configure_checks_fence_retention(value: Any, error: Any) -> None:
+    before = distlock.configure().fence_retention
+    if error is None:
+        assert distlock.configure(fence_retention=value).fence_retention == before
+        return
+    with pytest.raises(error):
+        distlock.configure(fence_retention=value)
+    assert distlock.configure().fence_retention == before
+
+
+def test_default_retention_is_at_most_a_day() -> None:
+    assert 0 < distlock.configure().fence_retention <= 86400
+
+
+def _previous(name: str) -> str:
+    """The assembled script ``name`` of the previous release (tests/compat)."""
+    return (Path(__file__).parent / "compat" / f"prev_{name}.lua").read_text(encoding="utf-8")
+
+
+@pytest.mark.real_redis
+def test_a_previous_release_and_this_one_exclude_each_other(url: str, client: Any) -> None:
+    """A rolling upgrade: the lock hash is laid out as before (the counter only gained a TTL),
+    so a process still running the previous release's scripts and one running these exclude
+    each other on the same name, and tokens keep growing across both."""
+    acquire, release = _previous("lock_acquire"), _previous("lock_release")
+    keys = ("distlock:{upgrade}", "distlock:{upgrade}:fence", "distlock:{upgrade}:q")
+    new = DistLock("upgrade", client=client)
+
+    assert new.acquire(blocking=False)
+    first = new.token
+    assert int(client.eval(acquire, 3, *keys, "old:1", 30000, "h:1")) < 0  # refused
+    new.release()
+
+    second = int(client.eval(acquire, 3, *keys, "old:1", 30000, "h:1"))
+    assert second > first
+    assert not new.acquire(blocking=False)  # refused while the old release holds it
+    assert int(client.eval(release, 2, keys[0], keys[2], "old:1", second)) == 0
+
+    assert new.acquire(blocking=False)
+    assert new.token > second
+    new.release()
