@@ -5,10 +5,17 @@ Helpers shared by many scripts live in ``lua/_prelude.lua`` (every family) and i
 ``lua/_<family>.lua`` (``_sem.lua`` for the ``sem_*`` scripts, say). A script's source is the
 helpers it uses, then the operation, so that each operation is still exactly one EVALSHA.
 
+Nothing is inferred from the code: a script declares the helpers it calls on one line,
+``--@ uses a b``, and each helper starts with a marker line, ``--@ helper name [name...] [uses
+a b]``, that names what it defines and the helpers it calls in turn; it runs up to the next
+marker. Lines of a helper file above its first marker are that file's preamble, never shipped.
+A declared name that no helper defines is an error at load.
+
 Only the helpers a script uses go in: Redis runs a script's whole text at every call, so every
-helper it carries is a closure built (and garbage collected) per call, and a top-level statement
-such as ``redis.call('time')`` is a command per call. redis-py's ``Script`` objects fall back to
-SCRIPT LOAD + EVALSHA when the server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+helper it carries is a closure built per call, and a top-level statement such as
+``redis.call('time')`` is a command per call. The loader keeps, for each script, which lines
+of which file each part came from, so that ``locate`` turns a Redis error's line number in the
+joined text (``user_script:N``) into ``<file>.lua:<line>`` of the file that line is in.
 """
 
 from __future__ import annotations
@@ -18,7 +25,10 @@ import re
 from importlib import resources
 from typing import Dict, List, NamedTuple, Tuple
 
-__all__ = ["script_names", "script_source", "helper_names"]
+__all__ = ["script_names", "script_source", "helper_names", "declared", "locate", "all_sources"]
+
+_HELPER = "--@ helper "
+_USES = "--@ uses "
 
 
 @functools.cache
@@ -37,52 +47,34 @@ def script_names() -> list[str]:
 
 
 class _Helper(NamedTuple):
+    file: str
     names: Tuple[str, ...]  # the locals it defines
-    text: str  # its comment lines and its code
-    code: str  # its code without comments, to look for what it uses
+    uses: Tuple[str, ...]  # the helpers it calls
+    first: int  # the line (1-based) of its marker in its file
+    lines: Tuple[str, ...]
 
 
-#: what a helper block defines: ``local function name`` or ``local a, b =`` (on one line)
-_DEFINES = re.compile(r"local\s+function\s+(\w+)|local[ \t]+([\w \t,]+?)[ \t]*=")
-_COMMENT = re.compile(r"--.*")
-
-
-def _code(text: str) -> str:
-    return _COMMENT.sub("", text)
-
-
-def _uses(code: str, name: str) -> bool:
-    return re.search(r"(?<![\w.:])" + re.escape(name) + r"\b", code) is not None
+def _marker_words(line: str, file: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    words = line[len(_HELPER):].split()
+    cut = words.index("uses") if "uses" in words else len(words)
+    names, uses = tuple(words[:cut]), tuple(words[cut + 1:])
+    if not names:
+        raise ValueError(f"{file}: a helper marker that names nothing: {line!r}")
+    return names, uses
 
 
 @functools.cache
 def _helpers(filename: str) -> Tuple[_Helper, ...]:
-    """Split a helpers file into its top-level definitions: each starts at a line that begins
-    with ``local`` (its comment lines above go with it) and runs up to the next one. The
-    helper files keep to what this can split: ``--`` line comments only, and no ``--`` inside
-    a string (the search for what a helper uses skips comments)."""
-    blocks: List[List[str]] = []
-    pending: List[str] = []  # comment or blank lines not yet given to a block
-    for line in _read(filename).splitlines():
-        if line.startswith("local"):
-            blocks.append(pending + [line])
-            pending = []
-        elif blocks and line and not line.startswith("--"):
-            blocks[-1].extend(pending + [line])  # a definition's body, or its final `end`
-            pending = []
-        else:
-            pending.append(line)
+    """The helpers of one helper file, in file order, each from its marker to the next."""
+    lines = _read(filename).splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(_HELPER)]
     helpers = []
-    for lines in blocks:
-        text = "\n".join(lines)
-        code = _code(text)
-        first = _DEFINES.match(code.lstrip())
-        if first is None or "--[[" in text or re.search(r"^function\b", code, re.M):
-            # (a forward declaration, a block comment or a global function would be split or
-            # attributed wrongly: the helper files keep to what this reads)
-            raise ValueError(f"{filename}: not a helper this loader can split out:\n{text}")
-        names = first.group(1) or first.group(2)
-        helpers.append(_Helper(tuple(n.strip() for n in names.split(",")), text, code))
+    for k, start in enumerate(starts):
+        end = starts[k + 1] if k + 1 < len(starts) else len(lines)
+        while end > start + 1 and not lines[end - 1].strip():
+            end -= 1
+        names, uses = _marker_words(lines[start], filename)
+        helpers.append(_Helper(filename, names, uses, start + 1, tuple(lines[start:end])))
     return tuple(helpers)
 
 
@@ -101,24 +93,74 @@ def helper_names(name: str) -> Tuple[str, ...]:
     return tuple(n for helper in _available(name) for n in helper.names)
 
 
+def declared(name: str) -> Tuple[str, ...]:
+    """The helpers script ``name`` declares it calls (its ``--@ uses`` line)."""
+    lines = [line for line in _read(name + ".lua").splitlines() if line.startswith(_USES)]
+    if len(lines) > 1:
+        raise ValueError(f"{name}.lua: more than one '{_USES.strip()}' line")
+    return tuple(lines[0][len(_USES):].split()) if lines else ()
+
+
+class _Assembled(NamedTuple):
+    source: str
+    #: (first line in the joined text, file, first line in that file), in order
+    parts: Tuple[Tuple[int, str, int], ...]
+
+
 @functools.cache
-def script_source(name: str) -> str:
-    """Full text of script ``name``: the helpers it uses, directly or through another helper,
-    in the order their files define them, then the operation."""
-    body = _read(name + ".lua")
+def _assemble(name: str) -> _Assembled:
     available = _available(name)
-    needed = _code(body)
-    chosen = [False] * len(available)
-    changed = True
-    while changed:  # helpers use earlier helpers: go until nothing new is needed
-        changed = False
-        for i, helper in enumerate(available):
-            if not chosen[i] and any(_uses(needed, n) for n in helper.names):
-                chosen[i] = True
-                needed += "\n" + helper.code
-                changed = True
-    parts = [helper.text for i, helper in enumerate(available) if chosen[i]]
-    return "\n".join(parts + [body])
+    by_name: Dict[str, _Helper] = {}
+    for helper in available:
+        for n in helper.names:
+            if n in by_name:
+                raise ValueError(f"helper {n!r} is defined twice ({by_name[n].file}, {helper.file})")
+            by_name[n] = helper
+    needed: Dict[str, str] = {}  # helper name -> who asked for it first
+    todo = [(n, f"{name}.lua") for n in declared(name)]
+    while todo:
+        wanted, by = todo.pop()
+        if wanted in needed:
+            continue
+        found = by_name.get(wanted)
+        if found is None:
+            raise ValueError(f"{by} uses {wanted!r}, which no helper of "
+                             f"{', '.join(sorted({h.file for h in available}))} defines")
+        needed[wanted] = by
+        todo.extend((n, f"{found.file}:{found.first}") for n in found.uses)
+    lines: List[str] = []
+    parts: List[Tuple[int, str, int]] = []
+    for helper in available:
+        if any(n in needed for n in helper.names):
+            parts.append((len(lines) + 1, helper.file, helper.first))
+            lines.extend(helper.lines)
+    parts.append((len(lines) + 1, f"{name}.lua", 1))
+    lines.extend(_read(name + ".lua").splitlines())
+    return _Assembled("\n".join(lines), tuple(parts))
+
+
+def script_source(name: str) -> str:
+    """Full text of script ``name``: the helpers it declares, and theirs, in the order their
+    files define them, then the operation."""
+    return _assemble(name).source
+
+
+_SCRIPT_LINE = re.compile(r"user_script:(\d+)")
+
+
+def locate(name: str, message: str) -> str:
+    """``message`` (a Redis error from script ``name``) with every ``user_script:N`` (a line of
+    the joined text) turned into ``<file>.lua:<line>`` of the file that line comes from."""
+    parts = _assemble(name).parts
+
+    def where(match: re.Match[str]) -> str:
+        line = int(match.group(1))
+        for start, file, first in reversed(parts):
+            if line >= start:
+                return f"{file}:{first + line - start}"
+        return match.group(0)
+
+    return _SCRIPT_LINE.sub(where, message)
 
 
 def all_sources() -> Dict[str, str]:

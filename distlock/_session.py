@@ -46,7 +46,7 @@ import redis
 from ._clients import direct_executor, private_twin, server_key, shareable
 from ._config import ClientArg, resolve_client
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
-from ._scripts import script_names, script_source
+from ._scripts import locate, script_names, script_source
 from ._watchdog import RENEW_ENDED, Hold, Watchdog
 
 __all__ = ["Session", "SessionUser", "Hold", "Waiter", "RENEW_ENDED", "session_for", "wake_count",
@@ -140,6 +140,8 @@ class Session:
                     # Another SCRIPT FLUSH may land between the load and the run: try again.
                     script.sha = self.client.script_load(script.script)
             return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.exceptions.ResponseError as exc:
+            raise _located(name, exc) from None
         finally:
             gate.append(None)
             if self._gate_waiting:
@@ -245,6 +247,17 @@ class Session:
                 self.client.connection_pool.disconnect()
             except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
+
+
+def _located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
+    """``exc`` with its line numbers in the script's own files (see ``_scripts.locate``)."""
+    message = locate(name, str(exc))
+    if message == str(exc):
+        return exc
+    try:
+        return type(exc)(message)
+    except Exception:  # noqa: BLE001 - an error class that wants more: keep the original
+        return exc
 
 
 def _through(client: Any) -> Callable[..., Any]:

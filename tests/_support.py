@@ -29,6 +29,16 @@ def sem_permits(client: Any, key: str) -> List[Tuple[bytes, float]]:
                   key=lambda row: row[1])
 
 
+def settle(check: Callable[[], Any], bound: float) -> bool:
+    """Wait until ``check()`` is true, at most ``bound`` seconds; return whether it became so."""
+    deadline = time.monotonic() + bound
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def until(check: Callable[[], Any], bound: float = BOUND) -> None:
     """Wait until ``check()`` is true; fail the test after ``bound`` seconds."""
     deadline = time.monotonic() + bound

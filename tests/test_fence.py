@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, List
 
 import pytest
+from _support import settle
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock
@@ -26,15 +27,6 @@ def make(kind: str, name: str, client: Any, **kwargs: Any) -> Any:
     return rw.read_lock() if kind == "read" else rw.write_lock()
 
 
-def settle(check: Callable[[], bool], bound: float = 20.0) -> bool:
-    deadline = time.monotonic() + bound
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_names_leave_nothing_once_the_retention_passed(client: Any, kind: str) -> None:
     distlock.configure(fence_retention=1.0)
@@ -44,7 +36,7 @@ def test_names_leave_nothing_once_the_retention_passed(client: Any, kind: str) -
         with lock:
             assert client.exists(f"distlock:{{{name}}}:fence")
     assert client.keys("distlock:*"), "the counters outlive the holds for a while"
-    assert settle(lambda: not client.keys("distlock:*")), client.keys("distlock:*")[:5]
+    assert settle(lambda: not client.keys("distlock:*"), 20.0), client.keys("distlock:*")[:5]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -57,7 +49,7 @@ def test_tokens_keep_growing_after_the_counter_went(client: Any, kind: str) -> N
         assert lock.acquire(blocking=False)
         tokens.append(lock.token)
         lock.release()
-        assert settle(lambda: not client.exists(f"distlock:{{{name}}}:fence"))
+        assert settle(lambda: not client.exists(f"distlock:{{{name}}}:fence"), 20.0)
     assert tokens == sorted(set(tokens)), tokens
 
 

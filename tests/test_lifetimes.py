@@ -20,7 +20,7 @@ from typing import Any, Callable, List
 
 import pytest
 import redis
-from _support import until
+from _support import settle, until
 
 import distlock
 from distlock import DistLock, DistRLock, DistSemaphore, LockLostError
@@ -35,15 +35,6 @@ def _helper_threads() -> List[threading.Thread]:
 def _connections(admin: redis.Redis) -> int:
     """Connections the server has open, the admin's own included."""
     return len(admin.client_list())
-
-
-def _settle(check: Callable[[], bool], bound: float) -> bool:
-    deadline = time.monotonic() + bound
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # --- finding 1: a non-Redis exception in a renewal ---------------------------------------------
@@ -133,7 +124,7 @@ def test_per_request_clients_leave_no_thread_and_no_connection(url: str, client:
     def clean() -> bool:
         return set(_helper_threads()) <= before_threads and _connections(client) <= before_conns
 
-    assert _settle(clean, 10.0), (
+    assert settle(clean, 10.0), (
         f"left behind: threads {set(_helper_threads()) - before_threads}, "
         f"connections {_connections(client)} (before: {before_conns})")
 
@@ -170,7 +161,7 @@ def test_helper_threads_exit_when_idle_and_come_back(url: str, client: Any) -> N
         time.sleep(1.5)  # renewed, not lost
         assert holder.owned()
         holder.release()
-        assert _settle(lambda: set(_helper_threads()) <= before, 10.0), _helper_threads()
+        assert settle(lambda: set(_helper_threads()) <= before, 10.0), _helper_threads()
 
 
 #: CPython's tests that cannot hold for a distributed lock, and why.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import re
 from typing import Any
 
 import pytest
@@ -11,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from distlock._logic import Backoff, Deadline, Keys, escape_name, lease_ms, unescape_name
-from distlock._scripts import helper_names, script_names, script_source
+from distlock._scripts import script_names, script_source
 
 SUFFIXES = ["", ":fence", ":wake"]
 
@@ -81,21 +80,6 @@ def test_scripts_ship_with_the_package() -> None:
         source = script_source(name)
         body = source.split("\n", 1)[1] if source.startswith("#!") else source
         assert "KEYS[1]" in body and "return" in body, name
-
-
-@pytest.mark.parametrize("name", script_names())
-def test_every_script_carries_the_helpers_it_uses_and_no_others(name: str) -> None:
-    source = script_source(name)
-    code = re.sub(r"--.*", "", source)
-    defined = re.findall(r"^local\s+function\s+(\w+)|^local\s+([\w\s,]+?)\s*=", code, re.M)
-    defined_names = {n.strip() for a, b in defined for n in (a or b).split(",")}
-    for helper in helper_names(name):
-        used = re.search(r"(?<![\w.:])" + helper + r"\b",
-                         re.sub(r"^local\s+(function\s+)?" + helper + r"\b", "", code, flags=re.M))
-        if used:
-            assert helper in defined_names, f"{name} uses {helper} without defining it"
-        else:
-            assert helper not in defined_names, f"{name} carries {helper}, which it does not use"
 
 
 @pytest.mark.parametrize("name", script_names())

@@ -11,10 +11,12 @@
 -- KEYS[3]  broken generations: sorted set, generation -> when the record goes (server ms)
 -- KEYS[4]  wake-up channel: '=id1,...' names the parties a trip released; '*' on a break
 
+--@ helper bar_t NOW_US NOW
 local bar_t = redis.call('time')
 local NOW_US = tonumber(bar_t[1]) * 1000000 + tonumber(bar_t[2])
 local NOW = math.floor(NOW_US / 1000)
 
+--@ helper bar_next uses fmt NOW_US
 -- The generation after `g`: strictly greater than every generation this name ever had, also
 -- after the state was deleted at rest (floored by the server clock, in µs).
 local function bar_next(g)
@@ -24,6 +26,7 @@ local function bar_next(g)
   return fmt(NOW_US)
 end
 
+--@ helper bar_break uses fmt NOW
 -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
 -- command may use memory (HSET, ZADD may; DEL, HDEL, PEXPIREAT, PERSIST may not) and allows the
 -- writes after it. What must work then (a renewal, a trip, a break: what ends or keeps a wait,
@@ -46,6 +49,7 @@ local function bar_break(g, keep)
   redis.call('publish', KEYS[4], '*')
 end
 
+--@ helper bar_trip uses fmt NOW bar_next
 -- Trip generation `g`: release its waiting parties (named in one hint) and open the next one.
 -- A released party that missed the hint learns at its next look that `g` tripped from the
 -- state itself, which therefore stays until their leases run out ('k'), at rest too.
@@ -74,6 +78,7 @@ local function bar_trip(g)
   end
 end
 
+--@ helper bar_reap uses NOW bar_break
 -- A party whose lease ran out (its process died while waiting), or a runner that died in its
 -- action, breaks the barrier. Return true when it did.
 local function bar_reap(g, keep)
@@ -86,6 +91,7 @@ local function bar_reap(g, keep)
   return false
 end
 
+--@ helper bar_settle uses fmt NOW
 -- The state lives as long as what it records: for good while broken; while parties wait or an
 -- action runs, as long as their leases; at rest (nothing waits, not broken) as long as the
 -- parties released by the latest trip may look ('k'; the parties number is forgotten then),

@@ -1,6 +1,7 @@
 -- Shared by every script: each script gets the helpers it uses (see distlock/_scripts.py) in
 -- front of it when the scripts are loaded, so that it stays one EVALSHA and one round trip.
 
+--@ helper fmt
 -- fmt(x): a whole number (|x| < 2^53, as every caller passes) as Redis should get it: Lua's
 -- default format would write a large one with an exponent. C's '%d' is half the cost of '%.0f'
 -- but formats a C long, which may be 32 bits: larger numbers go in two parts of 9 digits or
@@ -17,6 +18,7 @@ local function fmt(x)
   return string.format('%s%d%09d', sign, high, x - high * 1000000000)
 end
 
+--@ helper outlive uses fmt
 -- outlive(key, until_, now): make `key` live at least until `until_` (server ms; `now` is the
 -- server's time, ms); a key without a TTL keeps none. Out of memory (maxmemory under
 -- noeviction), Redis refuses a script's first write when that command may use memory (ZADD,
@@ -31,6 +33,7 @@ local function outlive(key, until_, now)
   end
 end
 
+--@ helper next_token uses fmt
 -- next_token(fence_key): the next fencing token of a name, strictly greater than every
 -- token granted before, also after a restart of a server that kept nothing.
 -- The counter is one INCR. When INCR finds no counter (the name's first grant, or the server
@@ -52,6 +55,7 @@ local function next_token(fence_key, ttl)
   return token
 end
 
+--@ helper fence_rest
 -- fence_rest(fence_key, retention): the name's hold just ended: its counter lives `retention`
 -- ms more, or goes now for 0 (the next grant then starts from the server's clock).
 local function fence_rest(fence_key, retention)
@@ -62,6 +66,7 @@ local function fence_rest(fence_key, retention)
   end
 end
 
+--@ helper outlive_fence
 -- outlive_fence(fence_key, ttl): a renewal's share: the counter lives at least `ttl` ms more.
 local function outlive_fence(fence_key, ttl)
   if redis.call('pttl', fence_key) < tonumber(ttl) then
@@ -69,6 +74,7 @@ local function outlive_fence(fence_key, ttl)
   end
 end
 
+--@ helper held_reply
 -- held_reply(key, pttl): the reply "someone else holds it": -(pttl + 1), where pttl is the
 -- holder's remaining lease in ms (read here unless the caller already has it), 0 when unknown
 -- (no expiry). Always <= -1. A lease about to run out (PTTL 0: under 1 ms left) is reported
@@ -80,6 +86,7 @@ local function held_reply(key, known_pttl)
   return -(pttl + 1)
 end
 
+--@ helper now_ms
 -- The registry of waiting processes of an exclusive lock: a sorted set whose members are the
 -- wake-up channels of the processes that have threads waiting (one channel per process and
 -- lock, named by the client), scored by the entry's deadline on the server clock (ms). A
@@ -91,6 +98,7 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+--@ helper register_waiter uses now_ms
 -- register_waiter(queue, channel, ms): (re)enter a process' channel, at the back, for ms.
 -- Every entry gets the same lease, so the newest one ends last and the registry's TTL is ms.
 local function register_waiter(queue, channel, ms)
@@ -98,6 +106,7 @@ local function register_waiter(queue, channel, ms)
   redis.call('pexpire', queue, ms)
 end
 
+--@ helper wake_one uses now_ms
 -- wake_one(queue): hint the longest-registered live waiting process, and take it off the
 -- registry (its waiter registers again if it loses the race for the lock).
 local function wake_one(queue)

@@ -14,9 +14,11 @@
 -- extend the TTL), so the uncontended acquire and release never read the clock. It is then the
 -- only permit; every other path settles it first (sem_settle) and it becomes a plain one.
 
+--@ helper sem_clock sem_clock_s
 -- The server's clock, ms, as a number and as a string: one TIME, read by the first helper that
 -- asks.
 local sem_clock, sem_clock_s = nil, nil
+--@ helper sem_now uses sem_clock sem_clock_s
 local function sem_now()
   if not sem_clock then
     local t = redis.call('time')
@@ -26,12 +28,14 @@ local function sem_now()
   return sem_clock, sem_clock_s
 end
 
+--@ helper sem_live uses sem_now
 -- Whether a permit's score (as Redis gives it) is a live lease: +inf always is (the key
 -- exists, and its expiry is the deadline), without reading the clock.
 local function sem_live(score)
   return score == 'inf' or tonumber(score) > (sem_now())
 end
 
+--@ helper sem_settle uses fmt sem_now
 -- Give the +inf permit, if there is one other than `except` (a caller's own placeholder), its
 -- deadline: the key's expiry, now + PTTL. Called before anything that may add a permit, raise
 -- the count (no TTL) or hand permits over. (The key always has a TTL while a +inf permit is in
@@ -55,6 +59,7 @@ local function sem_settle(except)
   end
 end
 
+--@ helper sem_counters
 -- The recorded value (nil when the semaphore is at rest), the extra count, and how many
 -- counter members there are.
 local function sem_counters()
@@ -71,12 +76,14 @@ local function sem_counters()
   return value, extra, #found / 2
 end
 
+--@ helper sem_prune uses sem_now
 -- Remove expired permits (holders that died); return how many there were.
 local function sem_prune()
   local _, now_s = sem_now()
   return redis.call('zremrangebyscore', KEYS[1], 0, now_s)
 end
 
+--@ helper sem_wake uses fmt
 -- The hint for waiters when `free` permits are free, sent only while someone waits.
 local function sem_wake(queue_key, channel, free)
   if free > 0 and redis.call('exists', queue_key) == 1 then
@@ -84,6 +91,7 @@ local function sem_wake(queue_key, channel, free)
   end
 end
 
+--@ helper sem_sliced
 -- ZREM / ZADD with many arguments (args[from...], from 1 unless given), in slices that stay
 -- below Lua's stack limit.
 local function sem_sliced(cmd, key, args, step, from)
@@ -92,6 +100,7 @@ local function sem_sliced(cmd, key, args, step, from)
   end
 end
 
+--@ helper sem_scores
 -- The scores of '~v', '~x' and of ARGV[from...] in `key`, in that order (false where absent):
 -- one ZMSCORE, in slices when there are many.
 local function sem_scores(key, argv, from)
@@ -105,6 +114,7 @@ local function sem_scores(key, argv, from)
   return scores
 end
 
+--@ helper sem_release_reply
 -- A release's reply: the free count, or {free, lost id, ...} when some were lost (`lost`: a
 -- list, or nil for none).
 local function sem_release_reply(free, lost)

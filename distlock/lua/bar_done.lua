@@ -7,6 +7,7 @@
 -- ARGV[4]  how long a broken generation is remembered, ms
 -- return   1 tripped; -1 broken (by the action's failure, or before: the runner's lease ran
 --          out, or the barrier was aborted or reset while the action ran).
+--@ uses bar_break bar_trip bar_settle
 local st = redis.call('hmget', KEYS[1], 'a', 'ar')
 if st[1] ~= ARGV[2] or st[2] ~= ARGV[1] then
   return -1

@@ -2,6 +2,7 @@
 -- KEYS[1..4]  state, waiters, broken generations, channel (see _bar.lua)
 -- ARGV[1]  how long a broken generation is remembered, ms
 -- return   {broken (1 or 0), parties waiting in the current generation (0 while broken)}
+--@ uses bar_reap
 local st = redis.call('hmget', KEYS[1], 'g', 'b')
 if not st[1] then
   return {0, 0}

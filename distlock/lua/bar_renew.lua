@@ -7,6 +7,7 @@
 --          generation tripped or broke), so a renewal has no loss to report.
 -- The TTL first, ZADD / HSET after, so that a renewal works out of memory (see _bar.lua): a
 -- lease that ran out for want of memory would break the barrier, or let its state run out.
+--@ uses fmt outlive NOW bar_settle
 local deadline = NOW + tonumber(ARGV[2])
 if ARGV[3] == 'w' then
   local score = redis.call('zscore', KEYS[2], ARGV[1])

@@ -5,6 +5,7 @@
 -- ARGV[2]  parties, as the caller's barrier was constructed (recorded if abort finds no state)
 -- ARGV[3]  how long a broken generation is remembered, ms
 -- return   1
+--@ uses bar_next bar_break bar_settle
 local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a', 'p')
 if ARGV[1] == 'a' then
   local g = st[1]

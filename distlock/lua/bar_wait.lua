@@ -13,6 +13,7 @@
 --          {-2, bound, 0} the previous generation's action still runs: try again (bound: ms
 --                         until its runner's lease ends);
 --          {-3, parties, 0} the barrier is in use with another number of parties.
+--@ uses fmt outlive NOW bar_next bar_trip bar_reap bar_settle
 local st = redis.call('hmget', KEYS[1], 'p', 'g', 'b', 'a', 'ad')
 local parties = tonumber(ARGV[3])
 if st[1] and tonumber(st[1]) ~= parties then

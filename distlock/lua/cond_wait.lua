@@ -14,6 +14,7 @@
 -- return   0 when queued (and the lock released: freed, waking one waiting process when the
 --          hold was waited on, as lock_release does);
 --          -1 when the lock hold is gone or someone else's (nothing changed).
+--@ uses wake_one
 if ARGV[3] ~= '' then
   local fields = redis.call('hmget', KEYS[3], ARGV[3], ':t', ':w')
   if not fields[1] or fields[2] ~= ARGV[4] then

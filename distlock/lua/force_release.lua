@@ -13,6 +13,7 @@
 -- return   {token of the broken hold (0 when it had none, e.g. only readers), new fence value}
 --          when broken; {0, 0} when nothing was held; {-1, current token} when ARGV[1] no
 --          longer matches.
+--@ uses next_token
 local channels = tonumber(ARGV[2])
 local first = channels + 2
 local held = false

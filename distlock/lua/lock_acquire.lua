@@ -19,6 +19,7 @@
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(pttl + 1) (<= -1) when someone else holds it, pttl its remaining lease in ms
 --          (0 when unknown); the hold is then flagged so that its release wakes a waiter.
+--@ uses next_token held_reply register_waiter
 local lease = tonumber(ARGV[2])
 local mode = ARGV[5] or ''
 local count = ARGV[6] or '1'

@@ -9,6 +9,7 @@
 -- ARGV[4]  count to release; absent means 1; '0' releases all of it (_release_save())
 -- return   the count still held (0 when the lock is now free);
 --          -1 when the hold is gone or is someone else's (the caller's lease is lost).
+--@ uses fence_rest wake_one
 local fields = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':w')
 local count = tonumber(fields[1])
 if count == nil or fields[2] ~= ARGV[2] then

@@ -6,6 +6,7 @@
 -- ARGV[3]  new lease, ms
 -- ARGV[4]  fence TTL, ms: the new lease plus the fence retention
 -- return   1 when renewed; 0 when the hold is gone or is someone else's (never extended then).
+--@ uses outlive_fence
 if redis.call('hget', KEYS[1], ':t') ~= ARGV[2] or redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
   return 0
 end

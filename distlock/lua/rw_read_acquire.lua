@@ -15,6 +15,7 @@
 --          writer's release will then wake the readers) or a writer is waiting (bound = ms
 --          until the earliest live queue entry runs out).
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
+--@ uses next_token held_reply
 local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

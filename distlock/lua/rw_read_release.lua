@@ -10,6 +10,7 @@
 -- return   that depth (0 when the hold is over);
 --          -1 when the hold is gone or its lease ran out (the caller's lease is lost; an
 --          expired member is removed).
+--@ uses fence_rest
 local deadline = redis.call('zscore', KEYS[1], ARGV[1])
 if not deadline then
   return -1

@@ -6,6 +6,7 @@
 -- ARGV[3]  fence TTL, ms: the new lease plus the fence retention
 -- return   1 when renewed; 0 when the hold is gone or its lease ran out: it is never extended
 --          then (an expired member is removed).
+--@ uses outlive_fence
 local deadline = tonumber(redis.call('zscore', KEYS[1], ARGV[1]) or '0')
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

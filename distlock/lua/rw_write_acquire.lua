@@ -20,6 +20,7 @@
 --          -(bound + 1) (<= -1) when refused: another writer holds it (bound = its PTTL) or
 --          readers do (bound = ms until the earliest live reader's lease runs out).
 -- A writer that leaves the queue as the last live waiting writer wakes the readers.
+--@ uses next_token held_reply
 local owner, lease, mode, count = ARGV[1], tonumber(ARGV[2]), ARGV[5] or '', ARGV[7] or '1'
 if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
   local f = redis.call('hmget', KEYS[1], owner, ':t')

@@ -15,6 +15,7 @@
 --          lease runs out (0 when none is held).
 -- Expired permits (a holder that died) are removed first; when that frees more than this try
 -- takes, the waiters are told.
+--@ uses fmt sem_now sem_settle sem_counters sem_prune sem_wake
 local value = tonumber(ARGV[3])
 local lease = tonumber(ARGV[2])
 local queue = ARGV[4]

@@ -20,6 +20,7 @@
 --          they had come back already): those ids; the rest of the release was done.
 -- An id found among the handed ones was released on its owner's behalf before: releasing it
 -- again counts as a release beyond the permits held, as it does in threading.
+--@ uses fmt sem_now sem_live sem_settle sem_wake sem_sliced sem_scores sem_release_reply
 local value = tonumber(ARGV[1])
 -- The common release, release(1) of the caller's one permit while nothing else is held and the
 -- count was never raised: the lowest three members are then the value and that permit, and

@@ -7,6 +7,7 @@
 --          2 when it was released on its owner's behalf (the owner forgets it; not a loss);
 --          0 when it is gone: its lease ran out (never extended then; an expired member is
 --          removed).
+--@ uses fmt outlive sem_now
 local deadline = redis.call('zscore', KEYS[1], ARGV[1])
 if deadline == 'inf' then
   -- taken at rest: its deadline is the key's expiry (see _sem.lua), which is what to extend;
