@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, Optional, Union
 
 import redis
@@ -44,10 +44,11 @@ class Settings:
     wait_cap: float = 3.0
     queue_cap_factor: float = 10.0
     fence_retention: float = 3600.0
+    #: ``fence_retention`` in ms, as the scripts take it (computed once, not per call)
+    fence_retention_ms: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def fence_retention_ms(self) -> int:
-        return int(self.fence_retention * 1000)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fence_retention_ms", int(self.fence_retention * 1000))
 
 
 _lock = threading.Lock()

@@ -12,8 +12,8 @@ A session holds:
 Which session a client gets (``session_for``):
 
 - A plain ``redis.Redis`` on redis-py's own pool gets the session of its server and user
-  (host, port, db, credentials, reply decoding, timeouts), which talks through a private twin
-  of the first such client. A web handler or a task that makes a client per request therefore
+  (host, port, db, credentials, reply decoding, timeouts), which talks through the pool of the
+  first such client (``_clients.session_client``). A web handler or a task that makes a client per request therefore
   shares one watchdog, one pub/sub connection and a few pooled connections with every other
   request, instead of leaving a session behind per client; and a thread that holds a DistRLock
   re-enters it through any client of that server, as it would through one.
@@ -43,7 +43,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tu
 
 import redis
 
-from ._clients import direct_executor, private_twin, server_key, shareable
+from ._clients import direct_executor, server_key, session_client, shareable
 from ._config import ClientArg, resolve_client
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
 from ._scripts import locate, script_names, script_source
@@ -306,7 +306,7 @@ def session_for(client: Any) -> Session:
         session = _sessions.get(key)
         if session is None or session.closed:
             if key[0] == "server":
-                session = Session(private_twin(client), owns=True, key=key)
+                session = Session(session_client(client), owns=True, key=key)
             else:
                 session = Session(weakref.proxy(client), owns=False, key=key,
                                   user=weakref.ref(client))
