@@ -34,8 +34,9 @@ class Settings:
     - ``wait_cap``: the longest a waiter at the head of its process' queue sleeps before it
       tries again, whatever pub/sub says (3 s). Other waiters of the same lock in the same
       process sleep at most ``wait_cap * queue_cap_factor``.
-    - ``fence_retention``: how long a name's fencing-token counter outlives its last hold, in
-      seconds (3600); 0: it goes with the hold. See docs/safety.rst.
+    - ``fence_retention``: how long a name's fencing-token counter outlives its last hold, at
+      least, in seconds (3600; at most one lease more); 0: it lives as long as the hold's
+      lease. See docs/safety.rst.
     """
 
     prefix: str = "distlock:"

@@ -327,10 +327,10 @@ def _renew_exclusive(fence: str, pipe: Any, hold: Hold, ms: int) -> None:
 
 def _run_release(keys: Keys, session: Session, hold: Hold, count: int) -> int:
     """One ``lock_release`` of ``count`` (0: all) of ``hold``; the count left, or -1 if lost."""
-    args: Tuple[Any, ...] = (hold.owner, hold.token, settings().fence_retention_ms)
+    args: Tuple[Any, ...] = (hold.owner, hold.token)
     if count != 1:
         args += (count,)
-    return int(session.run("lock_release", (keys.lock, keys.queue, keys.fence), args))
+    return int(session.run("lock_release", (keys.lock, keys.queue), args))
 
 
 def _end_whole(keys: Keys, hold: Hold) -> None:

@@ -198,10 +198,8 @@ class DistReadLock(_RWSide):
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         rw = self._rw
         left = read_release_left(hold.count, count)
-        return int(session.run("rw_read_release",
-                               (rw.readers, rw.queue, rw.writer_channel, rw.fence),
-                               optional_tail((reader_member(hold.owner, hold.token),
-                                              settings().fence_retention_ms), left, 0)))
+        return int(session.run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+                               optional_tail((reader_member(hold.owner, hold.token),), left, 0)))
 
 
 class DistWriteLock(_RWSide):
@@ -261,10 +259,8 @@ class DistWriteLock(_RWSide):
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         rw = self._rw
         return int(session.run("rw_write_release",
-                               (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel,
-                                rw.fence),
-                               optional_tail((hold.owner, hold.token,
-                                              settings().fence_retention_ms), count, 1)))
+                               (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+                               optional_tail((hold.owner, hold.token), count, 1)))
 
 
 class DistReadWriteLock:

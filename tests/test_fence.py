@@ -32,7 +32,7 @@ def test_names_leave_nothing_once_the_retention_passed(client: Any, kind: str) -
     distlock.configure(fence_retention=1.0)
     names = [f"fence-{kind}-{i}" for i in range(50)]
     for name in names:
-        lock = make(kind, name, client)
+        lock = make(kind, name, client, lease=0.5)
         with lock:
             assert client.exists(f"distlock:{{{name}}}:fence")
     assert client.keys("distlock:*"), "the counters outlive the holds for a while"
@@ -54,6 +54,7 @@ def test_tokens_keep_growing_after_the_counter_went(client: Any, kind: str) -> N
 
 
 def test_retention_zero_goes_with_the_lease(client: Any) -> None:
+    """0: the counter lives as long as the grant's lease, and no longer."""
     distlock.configure(fence_retention=0)
     lock = DistLock("fence-zero", client=client, lease=1.0)
     with lock:

@@ -55,17 +55,6 @@ local function next_token(fence_key, ttl)
   return token
 end
 
---@ helper fence_rest
--- fence_rest(fence_key, retention): the name's hold just ended: its counter lives `retention`
--- ms more, or goes now for 0 (the next grant then starts from the server's clock).
-local function fence_rest(fence_key, retention)
-  if retention > 0 then
-    redis.call('pexpire', fence_key, retention)
-  else
-    redis.call('del', fence_key)
-  end
-end
-
 --@ helper outlive_fence
 -- outlive_fence(fence_key, ttl): a renewal's share: the counter lives at least `ttl` ms more.
 local function outlive_fence(fence_key, ttl)

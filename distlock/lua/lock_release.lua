@@ -2,20 +2,18 @@
 -- when the hold was flagged as waited on (':w'), wakes the longest-waiting process.
 -- KEYS[1]  lock hash
 -- KEYS[2]  registry of waiting processes (see lock_acquire)
--- KEYS[3]  fence: the name's token counter, left to live the fence retention once free
 -- ARGV[1]  owner id
 -- ARGV[2]  token of the hold the caller believes it has
--- ARGV[3]  fence retention, ms (0: the counter goes with the hold)
--- ARGV[4]  count to release; absent means 1; '0' releases all of it (_release_save())
+-- ARGV[3]  count to release; absent means 1; '0' releases all of it (_release_save())
 -- return   the count still held (0 when the lock is now free);
 --          -1 when the hold is gone or is someone else's (the caller's lease is lost).
---@ uses fence_rest wake_one
+--@ uses wake_one
 local fields = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':w')
 local count = tonumber(fields[1])
 if count == nil or fields[2] ~= ARGV[2] then
   return -1
 end
-local n = tonumber(ARGV[4] or '1')
+local n = tonumber(ARGV[3] or '1')
 if n > 0 and n < count then
   -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
   -- command may use memory: HINCRBY may; PEXPIRE and DEL may not. Setting the TTL to what it
@@ -29,7 +27,6 @@ if n > 0 and n < count then
   return redis.call('hincrby', KEYS[1], ARGV[1], -n)
 end
 redis.call('del', KEYS[1])
-fence_rest(KEYS[3], tonumber(ARGV[3]))
 if fields[3] then
   wake_one(KEYS[2])
 end

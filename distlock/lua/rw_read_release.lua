@@ -2,22 +2,18 @@
 -- KEYS[1]  readers: sorted set, '<owner>#<token>' -> lease deadline (server ms)
 -- KEYS[2]  waiting writers (sorted set)
 -- KEYS[3]  writers' wake-up channel
--- KEYS[4]  fence: the name's token counter, left to live the fence retention once no live
---          reader is left
 -- ARGV[1]  the hold's member, '<owner>#<token>'
--- ARGV[2]  fence retention, ms (0: the counter goes with the last reader)
--- ARGV[3]  the depth the caller keeps after this release; absent (or '0') ends the hold
+-- ARGV[2]  the depth the caller keeps after this release; absent (or '0') ends the hold
 -- return   that depth (0 when the hold is over);
 --          -1 when the hold is gone or its lease ran out (the caller's lease is lost; an
 --          expired member is removed).
---@ uses fence_rest
 local deadline = redis.call('zscore', KEYS[1], ARGV[1])
 if not deadline then
   return -1
 end
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local left = tonumber(ARGV[3] or '0')
+local left = tonumber(ARGV[2] or '0')
 if tonumber(deadline) <= now then
   redis.call('zrem', KEYS[1], ARGV[1])
   return -1
@@ -27,10 +23,8 @@ end
 redis.call('zrem', KEYS[1], ARGV[1])
 -- Expired readers left behind (dead processes) need no hint: a waiting writer's sleep is
 -- bounded by the earliest reader deadline, and its next try removes them.
-if redis.call('zcount', KEYS[1], '(' .. string.format('%.0f', now), '+inf') == 0 then
-  fence_rest(KEYS[4], tonumber(ARGV[2]))
-  if redis.call('exists', KEYS[2]) == 1 then
-    redis.call('publish', KEYS[3], '1')
-  end
+if redis.call('exists', KEYS[2]) == 1
+    and redis.call('zcount', KEYS[1], '(' .. string.format('%.0f', now), '+inf') == 0 then
+  redis.call('publish', KEYS[3], '1')
 end
 return 0

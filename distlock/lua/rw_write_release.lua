@@ -4,20 +4,17 @@
 -- KEYS[2]  waiting writers (sorted set, owner -> entry deadline in server ms)
 -- KEYS[3]  writers' wake-up channel
 -- KEYS[4]  readers' wake-up channel
--- KEYS[5]  fence: the name's token counter, left to live the fence retention once free
 -- ARGV[1]  owner id
 -- ARGV[2]  token of the hold the caller believes it has
--- ARGV[3]  fence retention, ms (0: the counter goes with the hold)
--- ARGV[4]  count to release; absent means 1; '0' releases all of it (_release_save())
+-- ARGV[3]  count to release; absent means 1; '0' releases all of it (_release_save())
 -- return   the count still held (0 when the write side is now free);
 --          -1 when the hold is gone or is someone else's (the caller's lease is lost).
---@ uses fence_rest
 local f = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':r')
 local count = tonumber(f[1])
 if count == nil or f[2] ~= ARGV[2] then
   return -1
 end
-local n = tonumber(ARGV[4] or '1')
+local n = tonumber(ARGV[3] or '1')
 if n > 0 and n < count then
   -- PEXPIRE (to the TTL it has) before HINCRBY: out of memory (maxmemory under noeviction),
   -- Redis refuses a script's first write when that command may use memory (HINCRBY may,
@@ -30,7 +27,6 @@ if n > 0 and n < count then
   return redis.call('hincrby', KEYS[1], ARGV[1], -n)
 end
 redis.call('del', KEYS[1])
-fence_rest(KEYS[5], tonumber(ARGV[3]))
 if redis.call('exists', KEYS[2]) == 1 then
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
