@@ -14,9 +14,10 @@ Which session a client gets (``session_for``):
 - A plain ``redis.Redis`` on redis-py's own pool gets the session of its server and user
   (host, port, db, credentials, reply decoding, timeouts), which talks through the pool of the
   first such client (``_clients.session_client``). A web handler or a task that makes a client
-  per request therefore shares one watchdog, one pub/sub connection and a few pooled connections with every other
-  request, instead of leaving a session behind per client; and a thread that holds a DistRLock
-  re-enters it through any client of that server, as it would through one.
+  per request therefore shares one watchdog, one pub/sub connection and a few pooled
+  connections with every other request, instead of leaving a session behind per client; and a
+  thread that holds a DistRLock re-enters it through any client of that server, as it would
+  through one.
 - Any other client (Sentinel, Cluster, subclasses, single-connection clients, fakeredis) gets a
   session of its own, which talks through that very client without keeping it alive.
 
