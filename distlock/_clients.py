@@ -2,11 +2,12 @@
 
 Construction only: nothing here talks to Redis (redis-py connects on the first command).
 
-- ``bounded(client)``: the client itself, unless it has no ``socket_timeout`` (older redis-py
-  versions defaulted to none; recent ones to 5 s). Then a dead server that keeps its TCP
-  connections open (a blackhole) would block every command forever, and ``acquire(timeout=1)``
-  with it. The session then does its I/O through a twin with the same connection settings and
-  ``DEFAULT_IO_TIMEOUT``.
+- ``session_client(client)``: what a shareable client's session talks through: a client on
+  that client's own pool, unless the client has no ``socket_timeout`` (older redis-py versions
+  defaulted to none; recent ones to 5 s). Then a dead server that keeps its TCP connections
+  open (a blackhole) would block every command forever, and ``acquire(timeout=1)`` with it, so
+  the session does its I/O through a twin with the same connection settings, a pool of its own
+  and ``DEFAULT_IO_TIMEOUT``.
 - ``renewer(client, timeout)``: a twin for the watchdog, with its own connection, a socket
   timeout no longer than the renew interval and no hidden retries (the watchdog retries by
   itself).
@@ -35,8 +36,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_IO_TIMEOUT", "bounded", "direct_executor", "private_twin", "renewer", "server_key",
-           "session_client",
+__all__ = ["DEFAULT_IO_TIMEOUT", "direct_executor", "renewer", "server_key", "session_client",
            "shareable", "socket_timeout_of"]
 
 #: The socket timeout of the session's own I/O when the user's client has none (seconds): the
@@ -80,20 +80,6 @@ def _twin(pool: Any, overrides: Dict[str, Any], private: bool) -> Any:
         new_pool = redis.ConnectionPool(
             connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
     return redis.Redis(connection_pool=new_pool)
-
-
-def bounded(client: Any) -> Any:
-    """``client``, or a twin of it with a socket timeout when it has none."""
-    pool = _pool_of(client)
-    if pool is None or pool.connection_kwargs.get("socket_timeout") is not None:
-        return client
-    overrides: Dict[str, Any] = {"socket_timeout": DEFAULT_IO_TIMEOUT}
-    if pool.connection_kwargs.get("socket_connect_timeout") is None:
-        overrides["socket_connect_timeout"] = DEFAULT_IO_TIMEOUT
-    try:
-        return _twin(pool, overrides, False)
-    except (TypeError, ValueError):
-        return client
 
 
 def renewer(client: Any, timeout: float) -> Optional[Any]:
@@ -157,23 +143,14 @@ def server_key(client: Any) -> Tuple[Any, ...]:
 
 
 def session_client(client: Any) -> Any:
-    """The client a shareable ``client``'s session talks through: one on that client's own pool
-    (the same connections: a process that alternates between its own commands and distlock's
-    keeps one hot connection, which measured about 10 % more contended throughput than two),
-    or a private twin with a socket timeout when the client has none (see ``bounded``)."""
+    """The client a shareable ``client``'s session talks through (see the module's docstring):
+    one on that client's own pool, so that the process' own commands and distlock's share
+    connections, as they did before sessions were shared per server; or, when the client has
+    no socket timeout, a twin with a pool of its own (of the same kind and size) and one."""
     pool = _pool_of(client)
     if pool.connection_kwargs.get("socket_timeout") is not None:
         return redis.Redis(connection_pool=pool)
-    return private_twin(client)
-
-
-def private_twin(client: Any) -> Any:
-    """A twin of a shareable ``client`` with a pool of its own (of the same kind and size) and
-    a socket timeout whatever the client's (see ``bounded``): the session's own client."""
-    pool = _pool_of(client)
-    overrides: Dict[str, Any] = {}
-    if pool.connection_kwargs.get("socket_timeout") is None:
-        overrides["socket_timeout"] = DEFAULT_IO_TIMEOUT
+    overrides: Dict[str, Any] = {"socket_timeout": DEFAULT_IO_TIMEOUT}
     if pool.connection_kwargs.get("socket_connect_timeout") is None:
         overrides["socket_connect_timeout"] = DEFAULT_IO_TIMEOUT
     return _twin(pool, overrides, False)

@@ -149,7 +149,6 @@ class _LockBase(SessionUser):
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         return _run_release(self._keys, session, hold, count)
 
-
     def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> bool:
         session = self._session()
         lease_s = self._lease if lease is _UNSET else lease

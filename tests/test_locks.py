@@ -474,7 +474,7 @@ class _Counting(redis.Redis):  # type: ignore[type-arg]
 def test_clients_that_need_execute_command_keep_it(url: str) -> None:
     """A subclass that overrides execute_command, and a single-connection client, get every
     script through their own execute_command."""
-    sub = _Counting.from_url(url, socket_timeout=5)  # not twinned (see _clients.bounded)
+    sub = _Counting.from_url(url, socket_timeout=5)  # not shareable (see _clients.shareable)
     single = redis.Redis.from_url(url, single_connection_client=True, socket_timeout=5)
     try:
         with DistLock("via-sub", client=sub):
