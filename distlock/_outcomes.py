@@ -1,0 +1,191 @@
+"""Typed outcomes of the scripts' replies, and the decoders that make them. No I/O.
+
+Every try a primitive makes for the wait engine (``_engine.py``) ends in one of these:
+
+- ``Granted(token)``: the caller holds it now (a lock, a permit); ``token`` is the fencing
+  token, or what the script returned with the grant (a semaphore's count left, plus one);
+- ``Busy(bound)``: not yet; sleep at most ``bound`` seconds (the holder's lease left; None
+  when the script knows no bound), within the caller's time left, then try again;
+- ``Pending(bound)``: not yet, and the caller's deadline does not count: something that always
+  ends by itself runs (a barrier's action, for instance); sleep, then make the same try again;
+- ``Done(value)``: finished without a grant (an event found set, a barrier tripped, a
+  condition notified or not); the wait returns ``value``;
+- ``Failed(error)``: finished, and the wait raises ``error``.
+
+The wait engine ends a wait in two more ways, ``TIMED_OUT`` and ``NAMED`` (a hint named the
+waiter). Releases decode to ``Released(left)`` or ``LOST``. The decoders are the only place
+that knows how the scripts spell these (see each script's header); ``tests/test_outcomes.py``
+checks them without Redis.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Optional, Union
+
+from ._condlogic import LEAVE_NOTIFIED
+from ._synclogic import BAR_BROKEN, BAR_PENDING, BAR_TRIPPED, EV_EXPIRED, EV_SET, EV_TAKEN
+
+__all__ = [
+    "Granted", "Busy", "Pending", "Done", "Failed", "Released", "LOST", "TIMED_OUT", "NAMED",
+    "Outcome", "FINAL", "lock_acquire", "lock_release", "holder_bound", "sem_acquire",
+    "REJOIN", "event_wait", "barrier_poll", "cond_leave",
+]
+
+
+class Granted:
+    __slots__ = ("token",)
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Granted and other.token == self.token
+
+    def __repr__(self) -> str:
+        return f"Granted({self.token})"
+
+
+class Busy:
+    __slots__ = ("bound",)
+
+    def __init__(self, bound: Optional[float] = None) -> None:
+        self.bound = bound
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.bound == self.bound
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.bound})"
+
+
+class Pending(Busy):
+    __slots__ = ()
+
+
+class Done:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Done and other.value == self.value
+
+    def __repr__(self) -> str:
+        return f"Done({self.value!r})"
+
+
+class Failed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f"Failed({self.error!r})"
+
+
+class Released:
+    """A release went through; ``left`` is the reentrancy count still held (0: ended)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Released and other.left == self.left
+
+    def __repr__(self) -> str:
+        return f"Released({self.left})"
+
+
+class _Marker:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __repr__(self) -> str:
+        return self._name
+
+
+#: a release (or re-entry) found the hold gone or someone else's
+LOST = _Marker("LOST")
+#: the wait's last try, at its deadline, was refused
+TIMED_OUT = _Marker("TIMED_OUT")
+#: a hint named this waiter: what it waited for happened, nothing to ask Redis
+NAMED = _Marker("NAMED")
+
+Outcome = Union[Granted, Busy, Done, Failed, _Marker]
+
+#: the outcomes that end a wait as soon as a try returns them
+FINAL = (Granted, Done, Failed)
+
+
+def holder_bound(code: int) -> Optional[float]:
+    """A refusal's ``-(pttl + 1)`` (the holder's lease left, in ms; -1 when unknown) as a
+    sleep bound in seconds, or None when there is none."""
+    pttl = -code - 1
+    return pttl / 1000.0 if pttl > 0 else None
+
+
+def lock_acquire(reply: Any) -> Union[Granted, Busy]:
+    """``lock_acquire``, ``rw_read_acquire``, ``rw_write_acquire``: the token (> 0) of a grant,
+    or ``-(pttl + 1)`` of the hold in the way."""
+    code = int(reply)
+    if code > 0:
+        return Granted(code)
+    return Busy(holder_bound(code))
+
+
+def lock_release(reply: Any) -> Union[Released, _Marker]:
+    """``lock_release``, ``rw_*_release``: the count left (0: released), or -1: not ours."""
+    left = int(reply)
+    return LOST if left < 0 else Released(left)
+
+
+def sem_acquire(reply: int) -> Union[Granted, Busy]:
+    """``sem_acquire`` (once a value mismatch, its 0, is ruled out): permits left + 1 on a
+    grant, else ``-(pttl + 1)`` of the permit that runs out first."""
+    if reply > 0:
+        return Granted(reply)
+    return Busy(holder_bound(reply))
+
+
+# --- the waiting primitives' replies ---------------------------------------------------------
+
+#: an event waiter must join again (its entry ran out): not a wait's end
+REJOIN = _Marker("REJOIN")
+
+
+def event_wait(code: int, last: bool) -> Outcome:
+    """``ev_wait``: the event set (or set while we waited) ends the wait with True; on the last
+    look, anything else ends it with False."""
+    if code in (EV_SET, EV_TAKEN):
+        return Done(True)
+    if last:
+        return Done(False)
+    return REJOIN if code == EV_EXPIRED else Busy(None)
+
+
+def barrier_poll(code: int, index: int, last: bool) -> Outcome:
+    """``bar_poll``: tripped ends the wait with the caller's ``index``; broken raises
+    ``threading.BrokenBarrierError``; at the deadline (``last``, the poll that breaks the
+    barrier) an action still running is waited for: a timeout does not break it then."""
+    if code == BAR_TRIPPED:
+        return Done(index)
+    if code == BAR_BROKEN:
+        return Failed(threading.BrokenBarrierError())
+    if code == BAR_PENDING and last:
+        return Pending(None)
+    return Busy(None)
+
+
+def cond_leave(code: int, last: bool) -> Outcome:
+    """``cond_leave``: notified ends the wait with True; the last look (which leaves the
+    queue) ends it with False otherwise."""
+    if code == LEAVE_NOTIFIED:
+        return Done(True)
+    return Done(False) if last else Busy(None)
