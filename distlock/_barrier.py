@@ -21,16 +21,15 @@ import threading
 import time
 from typing import Any, Callable, Optional, Tuple
 
-import redis
-
 from ._config import ClientArg, check_client, settings
-from ._logic import Deadline, check_name, lease_ms
+from ._engine import Waiting, wait
+from ._logic import check_name, lease_ms
+from ._outcomes import Busy, Done, Failed, Outcome, Pending, barrier_poll
 from ._session import Hold, Session, SessionUser
 from ._synclogic import (
     BAR_BROKEN,
     BAR_BUSY,
     BAR_MISMATCH,
-    BAR_PENDING,
     BAR_RUN,
     BAR_TRIPPED,
     BarrierKeys,
@@ -41,6 +40,7 @@ from ._synclogic import (
     check_parties,
     parties_mismatch,
 )
+from ._waitpolicy import FIRST, LAST
 
 __all__ = ["DistBarrier"]
 
@@ -141,41 +141,12 @@ class DistBarrier(SessionUser):
         """
         seconds = self._timeout if timeout is None else check_barrier_timeout(timeout)
         session = self._session()
-        wid = f"{session.id}:{os.urandom(8).hex()}"
-        cfg = settings()
-        ms = lease_ms(cfg.lease)
-        keep = broken_keep_ms(cfg.lease, cfg.wait_cap, cfg.queue_cap_factor)
-        deadline = Deadline(seconds)
-        # Subscribe first: the trip that releases us finds us listening.
-        waiter = session.join(self._keys.channel, deadline.remaining(), ident=wid)
-        hold: Optional[Hold] = None
+        waiting = _BarrierWaiting(self, session)
         try:
-            while True:  # arrive; retried only while the previous generation's action runs
-                sent_at = time.monotonic()
-                code, index, gen = self._arrive(session, wid, ms, keep)
-                if code != BAR_BUSY:
-                    break
-                session.sleep(waiter, min(cfg.wait_cap, index / 1000.0))
-            if code == BAR_MISMATCH:
-                raise ValueError(parties_mismatch(self._name, index, self._parties))
-            if code == BAR_BROKEN:
-                self._seen = (True, 0)
-                raise BrokenBarrierError
-            if code == BAR_TRIPPED:
-                self._seen = (False, 0)
-                return index
-            hold = Hold(session, self._keys.state if code == BAR_RUN else self._keys.waiters,
-                        wid, token=0, count=1, watchdog=True, lease_ms=ms, sent_at=sent_at,
-                        renew=self._renewer("a" if code == BAR_RUN else "w"))
-            session.add_hold(hold)
-            if code == BAR_RUN:
-                return self._run_action(session, wid, gen, index, keep)
-            self._seen = (False, index + 1)
-            return self._wait_released(session, waiter, wid, gen, index, deadline, keep)
+            return int(wait(session, waiting, seconds))
         finally:
-            if hold is not None:
-                session.drop_hold(hold)
-            session.leave(waiter, True)
+            if waiting.hold is not None:
+                session.drop_hold(waiting.hold)
 
     def reset(self) -> None:
         """Reset the barrier to its initial state: the parties waiting now, anywhere, raise
@@ -219,8 +190,8 @@ class DistBarrier(SessionUser):
     def _renewer(self, kind: str) -> Callable[[Any, Hold, int], Any]:
         keys = self._keys.all
 
-        def renew(pipe: Any, hold: Hold, ms: int) -> None:
-            hold.session.scripts["bar_renew"](keys=keys, args=(hold.owner, ms, kind), client=pipe)
+        def renew(batch: Any, hold: Hold, ms: int) -> None:
+            batch.script("bar_renew", keys, (hold.owner, ms, kind))
 
         return renew
 
@@ -240,42 +211,71 @@ class DistBarrier(SessionUser):
         self._seen = (False, 0)
         return index
 
-    def _wait_released(self, session: Session, waiter: Any, wid: str, gen: int, index: int,
-                       deadline: Deadline, keep: int) -> int:
-        """Sleep until the generation trips (return ``index``) or breaks (raise)."""
-        cap = settings().wait_cap
-        try:
-            while True:
-                expired = deadline.expired()
-                if not expired:
-                    session.sleep(waiter, cap, deadline.remaining())
-                    if waiter.named:  # our id in a trip's hint: released, nothing to ask
-                        self._seen = (False, 0)
-                        return index
-                    expired = deadline.expired()
-                state = self._poll(session, wid, gen, "b" if expired else "p", keep)
-                if state == BAR_TRIPPED:
-                    self._seen = (False, 0)
-                    return index
-                if state == BAR_BROKEN:
-                    self._seen = (True, 0)
-                    raise BrokenBarrierError
-                if state == BAR_PENDING and expired:
-                    # The action runs; as in threading, a timeout does not break the barrier
-                    # then. Its runner's lease bounds this wait.
-                    session.sleep(waiter, cap)
-                    if waiter.named:
-                        self._seen = (False, 0)
-                        return index
-        except BrokenBarrierError:
-            raise
-        except BaseException as exc:
-            # Interrupted while waiting (KeyboardInterrupt, a Redis error...): the generation
-            # cannot complete as it stands, so break it now if the server can be reached
-            # (otherwise the lease, no longer renewed, breaks it).
-            if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-                try:
-                    self._poll(session, wid, gen, "b", keep)
-                except redis.RedisError:
-                    pass
-            raise
+    def _arrived(self, session: Session, wid: str, code: int, index: int, gen: int,
+                 sent_at: float) -> Tuple[Outcome, Optional[Hold]]:
+        """What ``bar_wait``'s reply means: the wait's outcome, and the hold whose lease the
+        watchdog now renews (the action's runner, or a waiting party)."""
+        if code == BAR_BUSY:  # the previous generation's action runs: arrive again soon
+            return Pending(index / 1000.0), None
+        if code == BAR_MISMATCH:
+            return Failed(ValueError(parties_mismatch(self._name, index, self._parties))), None
+        if code == BAR_BROKEN:
+            self._seen = (True, 0)
+            return Failed(BrokenBarrierError()), None
+        if code == BAR_TRIPPED:
+            self._seen = (False, 0)
+            return Done(index), None
+        ms = lease_ms(settings().lease)
+        hold = Hold(session, self._keys.state if code == BAR_RUN else self._keys.waiters,
+                    wid, token=0, count=1, watchdog=True, lease_ms=ms, sent_at=sent_at,
+                    renew=self._renewer("a" if code == BAR_RUN else "w"))
+        session.add_hold(hold)
+        if code == BAR_RUN:
+            return Done(self._run_action(session, wid, gen, index, self._keep())), hold
+        self._seen = (False, index + 1)
+        return Busy(None), hold
+
+    def _polled(self, code: int, index: int, last: bool) -> Outcome:
+        outcome = barrier_poll(code, index, last)
+        if type(outcome) is Done:
+            self._seen = (False, 0)
+        elif type(outcome) is Failed:
+            self._seen = (True, 0)
+        return outcome
+
+
+class _BarrierWaiting(Waiting):
+    """One party's wait: arrive (``FIRST``; again while the previous generation's action
+    runs), then look after each sleep until the generation trips; the look at the deadline
+    breaks the barrier. Interrupted while waiting, it breaks the barrier at once: the
+    generation cannot complete as it stands."""
+
+    def __init__(self, barrier: DistBarrier, session: Session) -> None:
+        self.ident = self.wid = f"{session.id}:{os.urandom(8).hex()}"
+        self.channel = barrier._keys.channel
+        self.hold: Optional[Hold] = None
+        self._barrier = barrier
+        self._session = session
+        self._ms = lease_ms(settings().lease)
+        self._keep = broken_keep_ms(settings().lease, settings().wait_cap, settings().queue_cap_factor)
+        self._index = self._gen = 0
+
+    def attempt(self, mode: str, waiter: Any) -> Outcome:
+        barrier, session = self._barrier, self._session
+        if mode == FIRST:
+            sent_at = time.monotonic()
+            code, self._index, self._gen = barrier._arrive(session, self.wid, self._ms, self._keep)
+            outcome, self.hold = barrier._arrived(session, self.wid, code, self._index,
+                                                  self._gen, sent_at)
+            return outcome
+        last = mode == LAST
+        code = barrier._poll(session, self.wid, self._gen, "b" if last else "p", self._keep)
+        return barrier._polled(code, self._index, last)
+
+    def abandon(self) -> None:
+        if self.hold is not None and self.hold.key == self._barrier._keys.waiters:
+            self._barrier._poll(self._session, self.wid, self._gen, "b", self._keep)
+
+    def named(self) -> int:  # our id in a trip's hint: released, nothing to ask
+        self._barrier._seen = (False, 0)
+        return self._index

@@ -43,6 +43,7 @@ from ._inspect import (
     rw_state,
     scan_pattern,
 )
+from ._lock import hold_of, still_held
 from ._logic import Keys
 from ._scripts import script_source
 
@@ -473,7 +474,7 @@ def _make_lock(args: argparse.Namespace, client: redis.Redis,
 def _hold_of(lock: Any) -> Any:
     """The library's record of ``lock``'s current hold (key, token, expiry), if it has one."""
     try:
-        return lock._current(lock._session())
+        return hold_of(lock)
     except Exception:  # noqa: BLE001 - a primitive without that protocol: no extra checks
         return None
 
@@ -571,7 +572,7 @@ class _Runner:
             if hold is None or getattr(hold, "lost", False):
                 continue
             try:
-                held = self.lock._still_held(hold)
+                held = still_held(self.lock, hold)
             except (redis.ConnectionError, redis.TimeoutError):
                 continue  # the watchdog decides when an unreachable server means a lost lease
             except redis.RedisError as exc:  # an answer, but not one that says "still yours"

@@ -15,29 +15,19 @@ Construction only: nothing here talks to Redis (redis-py connects on the first c
   starve the renewals, and a blackholed server makes the renewal fail in time for the hold to be
   reported lost when its lease runs out, not a minute later.
 
-- ``direct_executor(client)``: how the session sends its scripts. For a plain client on
-  redis-py's own pool it takes a pooled connection, sends, reads the reply and gives the
-  connection back; that skips ``execute_command``'s per-call wrapper (retry closure, telemetry
-  hooks), which on a slow machine costs as much as the server's work on a small script. It
-  never retries: a lock script whose reply was lost may have run, and running it again could
-  take a second hold or report a release as a lost lease. A connection that went stale while
-  idle (a server restart) is still replaced when it is taken from the pool, as redis-py does.
-
 Only clients built on redis-py's own pools and connection classes are twinned or driven
 directly; anything else (Sentinel, Cluster, test doubles) is used as it is.
 """
 
 from __future__ import annotations
 
-import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_IO_TIMEOUT", "direct_executor", "renewer", "server_key", "session_client",
-           "shareable", "socket_timeout_of"]
+__all__ = ["DEFAULT_IO_TIMEOUT", "renewer", "server_key", "session_client", "shareable"]
 
 #: The socket timeout of the session's own I/O when the user's client has none (seconds): the
 #: default of recent redis-py versions.
@@ -53,15 +43,6 @@ def _pool_of(client: Any) -> Any:
     if pool.connection_class not in _CONNECTIONS:
         return None
     return pool
-
-
-def socket_timeout_of(client: Any) -> Optional[float]:
-    """The client's socket timeout in seconds; None when it has none (or is not twinnable)."""
-    pool = _pool_of(client)
-    if pool is None:
-        return None
-    value = pool.connection_kwargs.get("socket_timeout")
-    return None if value is None else float(value)
 
 
 def _twin(pool: Any, overrides: Dict[str, Any], private: bool) -> Any:
@@ -154,71 +135,3 @@ def session_client(client: Any) -> Any:
     if pool.connection_kwargs.get("socket_connect_timeout") is None:
         overrides["socket_connect_timeout"] = DEFAULT_IO_TIMEOUT
     return _twin(pool, overrides, False)
-
-
-def _takes_no_command_name(pool: Any) -> bool:
-    """redis-py 5.3+ takes ``get_connection()`` without arguments (and warns when given one);
-    older versions require the command name."""
-    try:
-        params = inspect.signature(pool.get_connection).parameters
-    except (TypeError, ValueError):
-        return False
-    first = next(iter(params.values()), None)
-    return first is None or first.default is not inspect.Parameter.empty
-
-
-def direct_executor(client: Any) -> Callable[..., Any]:
-    """A function that runs one command on ``client`` and returns its reply, like
-    ``client.execute_command`` but without its wrapper (see the module's docstring); the
-    client's own ``execute_command`` when the client is not a plain one on redis-py's pool
-    (a subclass that overrides it, a single-connection client, a command with a reply
-    callback, Cluster, fakeredis)."""
-    pool = _pool_of(client)
-    if (
-        pool is None
-        or type(client).execute_command is not redis.Redis.execute_command
-        or getattr(client, "connection", None) is not None
-        or "EVALSHA" in getattr(client, "response_callbacks", {})
-    ):
-        return client.execute_command  # type: ignore[no-any-return]
-    take = pool.get_connection
-    if not _takes_no_command_name(pool):
-        def take() -> Any:
-            return pool.get_connection("EVALSHA")
-    give_back = pool.release
-    encoder = pool.get_encoder()
-    encoding, errors, encode = encoder.encoding, encoder.encoding_errors, encoder.encode
-
-    def pack(args: Tuple[Any, ...]) -> List[bytes]:
-        # RESP, as redis-py's own packer writes it, for the argument types the scripts pass
-        # (str, int, bytes); anything else goes through the client's encoder (which also
-        # raises redis-py's DataError for what it cannot send).
-        parts = [b"*%d\r\n" % len(args)]
-        for arg in args:
-            kind = type(arg)
-            if kind is str:
-                data = arg.encode(encoding, errors)
-            elif kind is int:
-                data = b"%d" % arg
-            elif kind is bytes:
-                data = arg
-            else:
-                data = encode(arg)
-            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-        return [b"".join(parts)]
-
-    def execute(*args: Any) -> Any:
-        packed = pack(args)
-        conn = take()
-        try:
-            conn.send_packed_command(packed)
-            return conn.read_response()
-        except redis.exceptions.ResponseError:
-            raise  # the whole reply was read: the connection is clean
-        except BaseException:
-            conn.disconnect()  # a reply may be left half-read on the socket
-            raise
-        finally:
-            give_back(conn)
-
-    return execute

@@ -30,8 +30,6 @@ import warnings
 from typing import Any, Callable, List, Optional, Set, TypeVar
 
 from ._condlogic import (
-    LEAVE_NOTIFIED,
-    WAIT_LOCK_LOST,
     CondKeys,
     check_wait_timeout,
     cond_repr,
@@ -39,10 +37,12 @@ from ._condlogic import (
     notify_count,
 )
 from ._config import ClientArg, check_client, settings
-from ._errors import LockLostError, LockNotOwnedError
-from ._lock import DistLock, DistRLock, _LockBase
-from ._logic import Deadline, Keys, check_name, lease_ms
-from ._session import Hold, Session, SessionUser, Waiter
+from ._engine import Waiting, wait
+from ._lock import DistLock, DistRLock, _LockBase, release_into, session_of
+from ._logic import Keys, check_name, lease_ms
+from ._outcomes import Busy, Outcome, cond_leave
+from ._session import Hold, Session, SessionUser
+from ._waitpolicy import FIRST, LAST
 
 __all__ = ["DistCondition"]
 
@@ -54,6 +54,8 @@ _ATOMIC_TYPES = (DistLock, DistRLock)
 
 #: ``saved`` for the locks this module released itself (restored with ``acquire``).
 _SELF_RELEASED = ("distlock", "self-released")
+#: ``saved`` before the lock was released: nothing to restore
+_NOT_RELEASED = ("distlock", "not released")
 
 
 class DistCondition(SessionUser):
@@ -168,30 +170,19 @@ class DistCondition(SessionUser):
             raise RuntimeError("cannot wait on un-acquired lock")
         seconds = check_wait_timeout(timeout)
         session = self._session()
-        wid = f"{session.id}:{os.urandom(8).hex()}"
-        # Subscribe first: a notify that comes right after the release below finds us listening.
-        waiter = session.join(self._keys.channel, seconds, ident=wid) if seconds != 0 else None
+        waiting = _CondWaiting(self, session)
         with self._mutex:
             self._waiting += 1
         try:
-            saved = self._join_and_release(session, wid)
-        except BaseException:
-            self._left(session, waiter)
-            raise
-        outcome: Optional[bool] = None
-        try:
-            outcome = self._sleep(session, wid, waiter, seconds)
+            return bool(wait(session, waiting, seconds))
         finally:
             try:
-                if outcome is None and waiter is not None and waiter.named:
-                    outcome = True
-                elif outcome is None:  # the deadline passed, or an exception: leave the queue
-                    outcome = self._call_leave(session, wid, True) == LEAVE_NOTIFIED
+                self._leases.discard(waiting.wid)
+                with self._mutex:
+                    self._waiting -= 1
             finally:
-                self._leases.discard(wid)
-                self._left(session, waiter)
-                self._acquire_restore(saved)
-        return outcome
+                if waiting.saved is not _NOT_RELEASED:
+                    self._acquire_restore(waiting.saved)
 
     def wait_for(self, predicate: Callable[[], T], timeout: Optional[float] = None) -> T:
         """Wait until ``predicate()`` is true, and return its last result.
@@ -261,8 +252,7 @@ class DistCondition(SessionUser):
         otherwise."""
         lock = self._lock
         if self._client_arg is None and isinstance(lock, _LockBase):
-            session: Session = lock._session()
-            return session
+            return session_of(lock)
         return super()._session()
 
     def _join_and_release(self, session: Session, wid: str) -> Any:
@@ -272,7 +262,7 @@ class DistCondition(SessionUser):
         ms = lease_ms(settings().lease)
         sent_at = time.monotonic()
         # One script for both when the lock is a DistLock/DistRLock on this very session.
-        if type(self._lock) in _ATOMIC_TYPES and self._lock._session() is session:
+        if type(self._lock) in _ATOMIC_TYPES and session_of(self._lock) is session:
             saved = self._release_and_join(session, wid, ms)
         else:
             session.run("cond_wait", keys.state, (wid, ms, "", ""))
@@ -288,55 +278,37 @@ class DistCondition(SessionUser):
         """DistLock / DistRLock: release the caller's hold and join the queue in one script,
         keeping the lock object's books as its own release would."""
         lock = self._lock
-        hold = lock._current(session)
-        if hold is None:
-            raise LockNotOwnedError(lock._unowned_message, name=lock.name)
-        if hold.lost:
-            raise LockLostError(f"lease on {lock.name!r} was lost before release",
-                                name=lock.name, token=hold.token)
-        count = hold.count
-        lock._forget(hold)
-        keys = self._keys
-        try:
-            reply = int(session.run("cond_wait", (*keys.state, lock._keys.lock, lock._keys.queue),
-                                    (wid, ms, hold.owner, hold.token)))
-        finally:
-            hold.count = 0
-            session.drop_hold(hold)
-        if reply == WAIT_LOCK_LOST:
-            session.mark_lost(hold)
-            raise LockLostError(f"lease on {lock.name!r} was lost before release",
-                                name=lock.name, token=hold.token)
+        count = release_into(lock, session, "cond_wait", self._keys.state, (wid, ms))
         if isinstance(lock, DistRLock):
             return count, threading.get_ident()
         return _SELF_RELEASED
 
-    def _sleep(self, session: Session, wid: str, waiter: Optional[Waiter],
-               seconds: Optional[float]) -> Optional[bool]:
-        """Sleep until notified: True; or until the deadline: None (the caller then leaves the
-        queue, which may still find a notification). Redis is asked only when no hint named
-        this waiter: after each bounded sleep, or when the session woke every waiter."""
-        if waiter is None:
-            return None
-        deadline = Deadline(seconds)
-        cap = settings().wait_cap
-        while True:
-            session.sleep(waiter, cap, deadline.remaining())
-            if waiter.named:  # our own id in a notify's hint: picked, nothing to ask
-                return True
-            if deadline.expired():
-                return None
-            if self._call_leave(session, wid, False) == LEAVE_NOTIFIED:
-                return True
-
     def _call_leave(self, session: Session, wid: str, leave: bool) -> int:
         return int(session.run("cond_leave", self._keys.state, (wid, "1" if leave else "0")))
 
-    def _left(self, session: Session, waiter: Optional[Waiter]) -> None:
-        if waiter is not None:
-            session.leave(waiter, True)
-        with self._mutex:
-            self._waiting -= 1
+
+class _CondWaiting(Waiting):
+    """One wait on a condition: join the queue and release the lock (``FIRST``), look whether
+    a notify picked us after each sleep, leave the queue at the deadline; a notify's hint that
+    names us ends the wait at once. ``saved`` restores the lock afterwards."""
+
+    def __init__(self, cond: DistCondition, session: Session) -> None:
+        self.ident = self.wid = f"{session.id}:{os.urandom(8).hex()}"
+        self.channel = cond._keys.channel
+        self.saved: Any = _NOT_RELEASED
+        self._cond = cond
+        self._session = session
+
+    def attempt(self, mode: str, waiter: Any) -> Outcome:
+        if mode == FIRST:
+            self.saved = self._cond._join_and_release(self._session, self.wid)
+            return Busy(None)
+        last = mode == LAST
+        return cond_leave(self._cond._call_leave(self._session, self.wid, last), last)
+
+    def abandon(self) -> None:
+        if self.saved is not _NOT_RELEASED:  # queued: leave the queue
+            self._cond._call_leave(self._session, self.wid, True)
 
 
 class _LocalLeases:
@@ -377,8 +349,8 @@ class _LocalLeases:
                 self.hold.session.drop_hold(self.hold)
                 self.hold = None
 
-    def renew(self, pipe: Any, hold: Hold, ms: int) -> None:
-        """Queue one renewal of every waiter's lease on ``pipe`` (the watchdog's batch)."""
+    def renew(self, batch: Any, hold: Hold, ms: int) -> None:
+        """Queue one renewal of every waiter's lease on ``batch`` (the watchdog's)."""
         with self.mutex:
             ids: List[str] = sorted(self.ids)
-        hold.session.scripts["cond_renew"](keys=self.keys.state, args=(ms, *ids), client=pipe)
+        batch.script("cond_renew", self.keys.state, (ms, *ids))

@@ -20,9 +20,12 @@ import redis
 
 from ._condlogic import check_wait_timeout
 from ._config import ClientArg, check_client, settings
-from ._logic import Deadline, check_name
+from ._engine import Waiting, wait
+from ._logic import check_name
+from ._outcomes import REJOIN, Busy, Outcome, event_wait
 from ._session import Session, SessionUser
-from ._synclogic import EV_EXPIRED, EV_SET, EV_TAKEN, EventKeys, entry_ms, event_repr
+from ._synclogic import EventKeys, entry_ms, event_repr
+from ._waitpolicy import FIRST, LAST, WAIT
 
 __all__ = ["DistEvent"]
 
@@ -60,7 +63,7 @@ class DistEvent(SessionUser):
 
     def is_set(self) -> bool:
         """Return True if and only if the event is set now, anywhere (one round trip)."""
-        flag = bool(self._session().client.exists(self._keys.flag))
+        flag = bool(self._session().read("EXISTS", self._keys.flag))
         self._seen = flag
         return flag
 
@@ -79,7 +82,7 @@ class DistEvent(SessionUser):
     def clear(self) -> None:
         """Reset the event: ``wait()`` blocks again until the next ``set()``. Waiters that a
         ``set()`` already picked still return True. One round trip."""
-        self._session().client.delete(self._keys.flag)
+        self._session().read("DEL", self._keys.flag)
         self._seen = False
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -101,48 +104,7 @@ class DistEvent(SessionUser):
         session = self._session()
         if seconds == 0:
             return self.is_set()
-        wid = f"{session.id}:{os.urandom(8).hex()}"
-        cfg = settings()
-        ms = entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
-        # Subscribe first: a set() right after the join below finds us listening.
-        waiter = session.join(self._keys.channel, seconds, ident=wid)
-        known = 0
-        try:
-            known = self._call(session, wid, "j", ms, 0)
-            if known == EV_SET:
-                return self._saw(True)
-            deadline = Deadline(seconds)
-            while True:
-                session.sleep(waiter, cfg.wait_cap, deadline.remaining())
-                if waiter.named:  # our id in a set()'s hint: the event was set while we waited
-                    # Taking our entry out of the set()'s 'taken' set changes nothing we return:
-                    # it runs in the background, so that the wake-up costs no round trip.
-                    session.defer(functools.partial(self._consume, session, wid, ms, known))
-                    return self._saw(True)
-                last = deadline.expired()
-                reply = self._call(session, wid, "l" if last else "p", ms, known)
-                if reply in (EV_SET, EV_TAKEN):
-                    return self._saw(True)
-                if reply == EV_EXPIRED:
-                    if last:
-                        return False
-                    reply = self._call(session, wid, "j", ms, 0)
-                    if reply == EV_SET:
-                        return self._saw(True)
-                elif last:
-                    return False
-                known = reply
-        except BaseException as exc:
-            # Interrupted (KeyboardInterrupt, a Redis error...): leave the waiters now if the
-            # server can be reached; otherwise the entry runs out on its own.
-            if known > 0 and not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-                try:
-                    self._call(session, wid, "l", ms, known)
-                except redis.RedisError:
-                    pass
-            raise
-        finally:
-            session.leave(waiter, True)
+        return self._saw(wait(session, _EventWaiting(self, session), seconds))
 
     def __repr__(self) -> str:
         return event_repr(self, self._name, self._seen)
@@ -166,3 +128,44 @@ class DistEvent(SessionUser):
     def _saw(self, flag: bool) -> bool:
         self._seen = flag
         return flag
+
+
+class _EventWaiting(Waiting):
+    """One wait for an event: join the waiters (``FIRST``), look again after each sleep,
+    leave at the deadline; a set() that names the waiter ends the wait at once."""
+
+    _modes = {WAIT: "p", LAST: "l"}
+
+    def __init__(self, event: DistEvent, session: Session) -> None:
+        self.ident = self.wid = f"{session.id}:{os.urandom(8).hex()}"
+        self.channel = event._keys.channel
+        self._event = event
+        self._session = session
+        cfg = settings()
+        self._ms = entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
+        self._known = 0  # our entry, once joined (its score), for the script to check
+
+    def attempt(self, mode: str, waiter: Any) -> Outcome:
+        call = self._event._call
+        if mode == FIRST:
+            code = call(self._session, self.wid, "j", self._ms, 0)
+        else:
+            code = call(self._session, self.wid, self._modes[mode], self._ms, self._known)
+        outcome = event_wait(code, mode == LAST)
+        if outcome is REJOIN:  # our entry ran out before anyone took it: join again
+            code = call(self._session, self.wid, "j", self._ms, 0)
+            outcome = event_wait(code, False)
+        if type(outcome) is Busy:
+            self._known = code
+        return outcome
+
+    def abandon(self) -> None:
+        if self._known > 0:
+            self._event._call(self._session, self.wid, "l", self._ms, self._known)
+
+    def named(self) -> bool:
+        # Taking our entry out of the set()'s 'taken' set changes nothing we return: it runs in
+        # the background, so that the wake-up costs no round trip.
+        self._session.defer(functools.partial(
+            self._event._consume, self._session, self.wid, self._ms, self._known))
+        return True

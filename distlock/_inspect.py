@@ -253,9 +253,11 @@ def rw_state(name: str, writer_key: str, writer_type: Optional[Raw],
         if score <= now_ms:
             continue
         owner, _, raw_token = member.rpartition("#")
+        raw_token, _, info = raw_token.partition("@")  # '@host:pid' since Core v2
         reader_token = _int(raw_token)
         left = int(score - now_ms)
-        owners.append(parse_owner(owner or member, 1, None, None, "read", reader_token, left))
+        host, pid = parse_info(info)
+        owners.append(parse_owner(owner or member, 1, host, pid, "read", reader_token, left))
         if reader_token is not None and (token is None or reader_token > token):
             token = reader_token
         lease = left if lease is None else max(lease, left)

@@ -21,10 +21,11 @@ from typing import Any, Callable, List, Optional, Tuple
 import redis
 
 from ._config import ClientArg, check_client, settings
+from ._engine import Waiting, wait
 from ._errors import LockLostError, LockNotOwnedError
+from ._executor import Batch
 from ._logic import (
-    Backoff,
-    Deadline,
+    RELEASE_LOST,
     Keys,
     check_acquire_args,
     check_lease,
@@ -34,9 +35,12 @@ from ._logic import (
     lock_repr,
     registry_lease_ms,
 )
+from ._outcomes import Granted, Outcome
+from ._outcomes import lock_acquire as decode_acquire
 from ._session import Hold, Session, SessionUser, Waiter
+from ._waitpolicy import HINTED, LAST, WAIT
 
-__all__ = ["DistLock", "DistRLock"]
+__all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "release_into"]
 
 log = logging.getLogger("distlock")
 
@@ -97,7 +101,7 @@ class _LockBase(SessionUser):
 
     def locked(self) -> bool:
         """Return True if anyone, in any process on any host, holds the lock (one round trip)."""
-        return bool(self._session().client.exists(self._keys.lock))
+        return bool(self._session().read("EXISTS", self._keys.lock))
 
     @property
     def token(self) -> Optional[int]:
@@ -136,7 +140,8 @@ class _LockBase(SessionUser):
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
                       waiter: Optional[Waiter] = None) -> int:
-        """One try. ``mode``: '' first try, 'w' a queued waiter's try, else re-entry token."""
+        """One try. ``mode``: '' first try, 'w' a queued waiter's try, 'p' a try answering a
+        hint (not registering), else the token being re-entered."""
         keys = self._keys
         args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info)
         if waiter is not None:
@@ -145,6 +150,14 @@ class _LockBase(SessionUser):
         elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
         return int(session.run("lock_acquire", (keys.lock, keys.fence, keys.queue), args))
+
+    def _unregister(self, session: Session, channel: str) -> None:
+        """The process' last waiter left without the lock: leave the registry, so that no
+        release wakes this process for nothing (best effort: the entry expires anyway)."""
+        try:
+            session.run("lock_unwait", (self._keys.queue,), (channel,))
+        except redis.RedisError:
+            pass
 
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         return _run_release(self._keys, session, hold, count)
@@ -167,47 +180,10 @@ class _LockBase(SessionUser):
             return True
         if not blocking or timeout == 0:
             return False
-
-        deadline = Deadline(timeout)
-        cap = settings().wait_cap
         # Each process waits on its own channel for this lock, registered (by its failed tries)
         # with the lock, so that a release wakes one waiting process, not every subscriber.
-        waiter = session.join(self._keys.waiter_channel(session.id), deadline.remaining())
-        acquired = False
-        backoff = Backoff()
-        mode = "w"
-        try:
-            while True:
-                with session.retry_slots:
-                    sent_at = time.monotonic()
-                    reply = self._call_acquire(session, owner, ms, count, mode, waiter)
-                if reply > 0:
-                    self._grant(session, owner, reply, count, watchdog, ms, sent_at)
-                    acquired = True
-                    return True
-                if deadline.expired():
-                    return False
-                bound = deadline.sleep_bound(-reply - 1, cap)
-                lost_race = mode == "p"
-                if lost_race:
-                    # Lost the race that a hint started (someone took the lock first): the try
-                    # left this process unregistered, so no release wakes it while it backs off.
-                    bound = min(bound, backoff.lost())
-                hinted = session.sleep(waiter, bound, deadline.remaining())
-                # Answer a hint with a try that does not register when it fails; after a
-                # back-off, register again.
-                mode = "p" if hinted and not lost_race else "w"
-        finally:
-            if session.leave(waiter, acquired) and not acquired:
-                self._unregister(session, waiter)
-
-    def _unregister(self, session: Session, waiter: Waiter) -> None:
-        """The process' last waiter left without the lock: leave the registry, so that no
-        release wakes this process for nothing (best effort: the entry expires anyway)."""
-        try:
-            session.run("lock_unwait", (self._keys.queue,), (waiter.channel.name,))
-        except redis.RedisError:
-            pass
+        return bool(wait(session, _LockWaiting(self, session, owner, ms, count, watchdog), timeout,
+                    start=WAIT))
 
     def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> bool:
         if held.lost:
@@ -282,7 +258,7 @@ class _LockBase(SessionUser):
         """One round trip: is ``hold`` still in Redis, with its token? (``distlock run``
         checks this every second.) Redis errors propagate: a reply of the wrong type is never
         taken for an answer."""
-        current = hold.session.client.hget(hold.key, ":t")
+        current = hold.session.read("HGET", hold.key, ":t")
         return current is not None and int(current) == hold.token
 
     def _ender(self) -> Callable[[Hold], Any]:
@@ -317,11 +293,37 @@ class _LockBase(SessionUser):
         raise NotImplementedError
 
 
-def _renew_exclusive(fence: str, pipe: Any, hold: Hold, ms: int) -> None:
+class _LockWaiting(Waiting):
+    """One wait for a lock (or a writer, see ``_rwlock``): tries of ``lock_acquire`` that
+    register this process' channel with the lock, and answer hints without registering."""
+
+    answers_hints = True
+    _modes = {WAIT: "w", LAST: "w", HINTED: "p"}
+
+    def __init__(self, lock: _LockBase, session: Session, owner: str, ms: int, count: int,
+                 watchdog: bool) -> None:
+        self.channel = lock._keys.waiter_channel(session.id)
+        self._lock = lock
+        self._session = session
+        self._grant_args = (owner, ms, count, watchdog)
+
+    def attempt(self, mode: str, waiter: Any) -> Outcome:
+        lock, session = self._lock, self._session
+        owner, ms, count, watchdog = self._grant_args
+        sent_at = time.monotonic()
+        outcome = decode_acquire(lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter))
+        if type(outcome) is Granted:
+            lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
+        return outcome
+
+    def unregister(self) -> None:
+        self._lock._unregister(self._session, self.channel)
+
+
+def _renew_exclusive(fence: str, batch: Batch, hold: Hold, ms: int) -> None:
     """Queue one ``lock_renew`` of ``hold`` (an exclusive hash: a lock, or a writer)."""
-    hold.session.scripts["lock_renew"](
-        keys=(hold.key, fence),
-        args=(hold.owner, hold.token, ms, ms + settings().fence_retention_ms), client=pipe)
+    batch.script("lock_renew", (hold.key, fence),
+                 (hold.owner, hold.token, ms, ms + settings().fence_retention_ms))
 
 
 def _run_release(keys: Keys, session: Session, hold: Hold, count: int) -> int:
@@ -481,3 +483,49 @@ class DistRLock(_ThreadOwned):
                     owner, count = int(holder.rsplit(":", 1)[1]), hold.count
                     break
         return lock_repr(self, "DistRLock", self._name, count > 0, f"owner={owner} count={count}")
+
+
+# --- for the modules built on the locks (the condition, the command line) ---------------------
+
+def session_of(lock: _LockBase) -> Session:
+    """The session ``lock`` talks through."""
+    return lock._session()
+
+
+def hold_of(lock: _LockBase) -> Optional[Hold]:
+    """The caller's current hold of ``lock`` (this object's for a DistLock, this thread's for
+    the others), lost or not; None when it holds nothing."""
+    return lock._current(lock._session())
+
+
+def still_held(lock: _LockBase, hold: Hold) -> bool:
+    """One round trip: is ``hold`` of ``lock`` still in Redis, as it was granted?"""
+    return lock._still_held(hold)
+
+
+def release_into(lock: _LockBase, session: Session, script: str, keys: Tuple[str, ...],
+                 args: Tuple[Any, ...]) -> int:
+    """Release the caller's whole hold of ``lock`` inside ``script``, which also does its own
+    work (a condition's ``cond_wait`` joins its queue): it gets ``keys`` plus the lock's hash
+    and registry, and ``args`` plus the hold's owner and token, and replies -1 when the hold
+    was not ours any more. Keep the lock's books as its own release would; return the count
+    the hold had. Raise LockNotOwnedError, or LockLostError (after ``on_lost``)."""
+    hold = lock._current(session)
+    if hold is None:
+        raise LockNotOwnedError(lock._unowned_message, name=lock.name)
+    if hold.lost:
+        raise LockLostError(f"lease on {lock.name!r} was lost before release",
+                            name=lock.name, token=hold.token)
+    count = hold.count
+    lock._forget(hold)
+    try:
+        reply = int(session.run(script, (*keys, lock._keys.lock, lock._keys.queue),
+                                (*args, hold.owner, hold.token)))
+    finally:
+        hold.count = 0
+        session.drop_hold(hold)
+    if reply == RELEASE_LOST:
+        session.mark_lost(hold)
+        raise LockLostError(f"lease on {lock.name!r} was lost before release",
+                            name=lock.name, token=hold.token)
+    return count

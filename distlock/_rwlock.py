@@ -27,8 +27,11 @@ from typing import Any, Optional, Tuple
 import redis
 
 from ._config import ClientArg, settings
+from ._engine import Waiting, wait
 from ._lock import _UNSET, _ThreadOwned
-from ._logic import Deadline, check_lease, check_name, lease_ms, lock_repr
+from ._logic import check_lease, check_name, lease_ms, lock_repr
+from ._outcomes import Granted, Outcome
+from ._outcomes import lock_acquire as decode_acquire
 from ._rwlogic import (
     UPGRADE_REFUSED,
     RWKeys,
@@ -40,6 +43,7 @@ from ._rwlogic import (
     writer_entry_ms,
 )
 from ._session import Hold, Session, Waiter
+from ._waitpolicy import LAST, WAIT
 
 __all__ = ["DistReadWriteLock", "DistReadLock", "DistWriteLock"]
 
@@ -79,32 +83,20 @@ class _RWSide(_ThreadOwned):
         if not waits:
             return False
 
-        deadline = Deadline(timeout)
-        cap = settings().wait_cap
-        waiter = session.join(self._wait_channel, deadline.remaining())
-        acquired = False
-        try:
-            while True:
-                # The last try (time is up) also takes a writer off the queue, in one script.
-                last = deadline.expired()
-                sent_at = time.monotonic()
-                reply = self._call_acquire(session, owner, ms, count, "",
-                                           queue_ms=0 if last else queue_ms, queued=True)
-                if reply > 0:
-                    self._grant(session, owner, reply, count, watchdog, ms, sent_at)
-                    acquired = True
-                    return True
-                if last:
-                    return False
-                self._sleep(session, waiter, deadline.sleep_bound(-reply - 1, cap))
-        except BaseException as exc:
-            # Interrupted while queued (KeyboardInterrupt, a Redis error...): leave the queue
-            # now if the server can be reached; otherwise the entry expires on its own.
-            if not acquired and not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
-                self._abandon(session, owner)
-            raise
-        finally:
-            session.leave(waiter, acquired)
+        return bool(wait(session, _SideWaiting(self, session, owner, ms, count, watchdog, queue_ms),
+                    timeout, start=WAIT))
+
+    def _attempt(self, session: Session, mode: str, grant: Tuple[str, int, int, bool],
+                 queue_ms: int) -> Outcome:
+        """One try for the wait engine; the last one (time is up) also takes a writer off
+        the queue, in the same script."""
+        owner, ms, count, watchdog = grant
+        sent_at = time.monotonic()
+        outcome = decode_acquire(self._call_acquire(
+            session, owner, ms, count, "", queue_ms=0 if mode == LAST else queue_ms, queued=True))
+        if type(outcome) is Granted:
+            self._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
+        return outcome
 
     # --- what each side defines ----------------------------------------------------------------
 
@@ -118,8 +110,8 @@ class _RWSide(_ThreadOwned):
     def _queue_ms(self) -> int:
         return 0
 
-    def _sleep(self, session: Session, waiter: Waiter, bound: float) -> None:
-        session.sleep(waiter, bound)
+    #: every waiter of the process sleeps at most the bound (see ``_waitpolicy.policy``)
+    _strict = False
 
     def _abandon(self, session: Session, owner: str) -> None:
         pass
@@ -143,11 +135,29 @@ class _RWSide(_ThreadOwned):
         return lock_repr(self, self._kind, self._name, count > 0, f"owner={owner} count={count}")
 
 
-def _renew_reader(fence: str, pipe: Any, hold: Hold, ms: int) -> None:
-    hold.session.scripts["rw_read_renew"](
-        keys=(hold.key, fence),
-        args=(reader_member(hold.owner, hold.token), ms, ms + settings().fence_retention_ms),
-        client=pipe)
+def _renew_reader(fence: str, batch: Any, hold: Hold, ms: int) -> None:
+    batch.script("rw_read_renew", (hold.key, fence),
+                 (reader_member(hold.owner, hold.token, hold.session.info), ms,
+                  ms + settings().fence_retention_ms))
+
+
+class _SideWaiting(Waiting):
+    """One wait of either side: its tries, and a writer's leaving the queue when interrupted."""
+
+    def __init__(self, side: _RWSide, session: Session, owner: str, ms: int, count: int,
+                 watchdog: bool, queue_ms: int) -> None:
+        self.channel = side._wait_channel
+        self.strict = side._strict
+        self._side = side
+        self._session = session
+        self._grant = (owner, ms, count, watchdog)
+        self._queue_ms = queue_ms
+
+    def attempt(self, mode: str, waiter: Any) -> Outcome:
+        return self._side._attempt(self._session, mode, self._grant, self._queue_ms)
+
+    def abandon(self) -> None:
+        self._side._abandon(self._session, self._grant[0])
 
 
 class DistReadLock(_RWSide):
@@ -183,23 +193,24 @@ class DistReadLock(_RWSide):
                       queued: bool = False) -> int:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
         return int(session.run("rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
-                               optional_tail((owner, ms, ms + settings().fence_retention_ms),
-                                             reentry_token, "")))
+                               (owner, ms, ms + settings().fence_retention_ms, reentry_token,
+                                session.info)))
 
     def _still_held(self, hold: Hold) -> bool:
         """A read hold is a member of the readers' sorted set, scored by its deadline (server
         ms): it is still held while its member is there with a deadline still ahead."""
-        pipe = hold.session.client.pipeline(transaction=False)
-        pipe.zscore(self._rw.readers, reader_member(hold.owner, hold.token))
-        pipe.time()
-        deadline, (seconds, micros) = pipe.execute()
-        return deadline is not None and float(deadline) > seconds * 1000 + micros // 1000
+        batch = hold.session.executor.batch()
+        batch.command("ZSCORE", self._rw.readers, reader_member(hold.owner, hold.token, hold.session.info))
+        batch.command("TIME")
+        deadline, (seconds, micros) = batch.execute()
+        return deadline is not None and float(deadline) > int(seconds) * 1000 + int(micros) // 1000
 
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
         rw = self._rw
         left = read_release_left(hold.count, count)
+        member = reader_member(hold.owner, hold.token, session.info)
         return int(session.run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
-                               optional_tail((reader_member(hold.owner, hold.token),), left, 0)))
+                               optional_tail((member,), left, 0)))
 
 
 class DistWriteLock(_RWSide):
@@ -224,7 +235,7 @@ class DistWriteLock(_RWSide):
 
     def locked(self) -> bool:
         """Return True if a writer, in any process on any host, holds the write lock now."""
-        return bool(self._session().client.exists(self._rw.writer))
+        return bool(self._session().read("EXISTS", self._rw.writer))
 
     def _refuse_upgrade(self, session: Session) -> None:
         if (self._rw.readers, self._owner_for(session)) in session.holds:
@@ -233,14 +244,13 @@ class DistWriteLock(_RWSide):
     def _queue_ms(self) -> int:
         return writer_entry_ms(settings().wait_cap)
 
-    def _sleep(self, session: Session, waiter: Waiter, bound: float) -> None:
-        # Never longer than the bound, wherever the waiter stands in this process' queue: its
-        # queue entry must be refreshed before it runs out (see writer_entry_ms).
-        session.sleep(waiter, bound, limit=bound)
+    # Never longer than the bound, wherever the waiter stands in this process' queue: its
+    # queue entry must be refreshed before it runs out (see writer_entry_ms).
+    _strict = True
 
     def _abandon(self, session: Session, owner: str) -> None:
         try:
-            session.client.zrem(self._rw.queue, owner)
+            session.read("ZREM", self._rw.queue, owner)
         except redis.RedisError as exc:
             log.debug("distlock: could not leave the writers' queue of %r: %r", self._name, exc)
 

@@ -24,7 +24,8 @@ class RWKeys:
     - ``writer``: hash, writer owner -> reentrancy count, ``:t`` -> token, ``:i`` -> host:pid,
       ``:r`` -> present when readers may be waiting (the release then wakes them); its TTL is
       the writer's lease.
-    - ``readers``: sorted set, one member per read hold, ``<owner>#<token>`` (``reader_member``)
+    - ``readers``: sorted set, one member per read hold, ``<owner>#<token>@<host:pid>``
+      (``reader_member``; releases before Core v2 wrote ``<owner>#<token>``: both count alike)
       -> its lease deadline in server milliseconds (``TIME``). Live readers are the range
       ``(now..+inf``, expired ones ``-inf..now``: both found in O(log n), never by scanning
       keys. Its TTL is at least as long as its latest deadline, so a crashed process leaves
@@ -63,9 +64,10 @@ class RWKeys:
         return (self.writer, self.readers, self.queue, self.fence)
 
 
-def reader_member(owner: str, token: int) -> str:
-    """The member of the readers' sorted set that stands for one read hold."""
-    return f"{owner}#{token}"
+def reader_member(owner: str, token: int, info: str) -> str:
+    """The member of the readers' sorted set that stands for one read hold:
+    ``<owner>#<token>@<host:pid>`` (``rw_read_acquire`` builds the same string)."""
+    return f"{owner}#{token}@{info}"
 
 
 def read_release_left(held: int, count: int) -> int:

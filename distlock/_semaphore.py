@@ -25,8 +25,11 @@ import time
 from typing import Any, Callable, List, Optional, Tuple
 
 from ._config import ClientArg, check_client, settings
+from ._engine import Waiting, wait
 from ._errors import LockLostError
-from ._logic import Deadline, check_lease, check_name, lease_ms
+from ._logic import check_lease, check_name, lease_ms
+from ._outcomes import Granted, Outcome
+from ._outcomes import sem_acquire as decode_acquire
 from ._session import Hold, Session, SessionUser
 from ._synclogic import (
     COUNT_OVERFLOW,
@@ -45,6 +48,7 @@ from ._synclogic import (
     sem_repr,
     value_mismatch,
 )
+from ._waitpolicy import LAST, WAIT
 
 __all__ = ["DistSemaphore", "DistBoundedSemaphore"]
 
@@ -160,25 +164,8 @@ class DistSemaphore(SessionUser):
 
         cfg = settings()
         queue_ms = entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
-        deadline = Deadline(seconds)
-        waiter = session.join(self._keys.channel, deadline.remaining())
-        acquired = False
-        try:
-            while True:
-                last = deadline.expired()  # the last try also leaves the queue
-                with session.retry_slots:
-                    sent_at = time.monotonic()
-                    reply = self._try(session, pid, ms, 0 if last else queue_ms)
-                if reply > 0:
-                    self._grant(session, pid, watchdog, ms, sent_at, reply)
-                    acquired = True
-                    return True
-                if last:
-                    return False
-                session.sleep(waiter, deadline.sleep_bound(-reply - 1, cfg.wait_cap),
-                              deadline.remaining())
-        finally:
-            session.leave(waiter, acquired)
+        return bool(wait(session, _SemWaiting(self, session, pid, ms, watchdog, queue_ms), seconds,
+                    start=WAIT))
 
     __enter__ = acquire
 
@@ -275,6 +262,15 @@ class DistSemaphore(SessionUser):
         # pragma: no cover - the state vanished between every try and its look
         raise ValueError(value_mismatch(self._name, "another value", self._initial))
 
+    def _attempt(self, session: Session, mode: str, pid: str, ms: int, watchdog: bool,
+                 queue_ms: int) -> Outcome:
+        """One try for the wait engine; the last one (time is up) also leaves the queue."""
+        sent_at = time.monotonic()
+        outcome = decode_acquire(self._try(session, pid, ms, 0 if mode == LAST else queue_ms))
+        if type(outcome) is Granted:
+            self._grant(session, pid, watchdog, ms, sent_at, outcome.token)
+        return outcome
+
     def _grant(self, session: Session, pid: str, watchdog: bool, ms: int, sent_at: float,
                reply: int) -> None:
         self._seen = reply - 1
@@ -298,8 +294,8 @@ class DistSemaphore(SessionUser):
     def _renewer(self) -> Callable[[Any, Hold, int], Any]:
         keys = self._keys.renew
 
-        def renew(pipe: Any, hold: Hold, ms: int) -> None:
-            hold.session.scripts["sem_renew"](keys=keys, args=(hold.owner, ms), client=pipe)
+        def renew(batch: Any, hold: Hold, ms: int) -> None:
+            batch.script("sem_renew", keys, (hold.owner, ms))
 
         return renew
 
@@ -348,9 +344,24 @@ class DistBoundedSemaphore(DistSemaphore):
 
 def _recorded(session: Session, keys: SemKeys) -> Optional[int]:
     """The value recorded for a semaphore (for an error message), None when at rest."""
-    score = session.client.zscore(keys.sem, "~v")
-    return None if score is None else -int(score) - 1
+    score = session.read("ZSCORE", keys.sem, "~v")
+    return None if score is None else -int(float(score)) - 1
 
 
 def _text(raw: Any) -> str:
     return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
+
+
+class _SemWaiting(Waiting):
+    """One wait for a permit. Interrupted, it leaves nothing to undo at once: its queue entry
+    runs out by itself within ``entry_ms`` (a try to leave it could take a permit)."""
+
+    def __init__(self, sem: DistSemaphore, session: Session, pid: str, ms: int, watchdog: bool,
+                 queue_ms: int) -> None:
+        self.channel = sem._keys.channel
+        self._sem = sem
+        self._args = (session, pid, ms, watchdog, queue_ms)
+
+    def attempt(self, mode: str, waiter: Any) -> Outcome:
+        session, pid, ms, watchdog, queue_ms = self._args
+        return self._sem._attempt(session, mode, pid, ms, watchdog, queue_ms)

@@ -3,7 +3,8 @@
 A session holds:
 
 - its id (uuid4, random and unguessable: owner ids are built from it);
-- the registered scripts and the way they are sent (``run``);
+- its :class:`~distlock._executor.Executor`, through which every command goes (``run``,
+  ``read``, ``batch``);
 - a :class:`~distlock._watchdog.Watchdog`: the registry of holds and the thread that renews
   them, in batches;
 - a :class:`~distlock._pubsub.Dispatcher`: one pub/sub connection and one thread for every
@@ -40,14 +41,12 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set
 
-import redis
-
-from ._clients import direct_executor, server_key, session_client, shareable
+from ._clients import server_key, session_client, shareable
 from ._config import ClientArg, resolve_client
+from ._executor import Executor
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
-from ._scripts import locate, script_names, script_source
 from ._watchdog import RENEW_ENDED, Hold, Watchdog
 
 __all__ = ["Session", "SessionUser", "Hold", "Waiter", "RENEW_ENDED", "session_for", "wake_count",
@@ -55,15 +54,8 @@ __all__ = ["Session", "SessionUser", "Hold", "Waiter", "RENEW_ENDED", "session_f
 
 log = logging.getLogger("distlock")
 
-#: How many times ``Session.run`` loads a script again after NOSCRIPT before it gives up.
-_NOSCRIPT_TRIES = 3
-
 #: How many tries of queued waiters one session has in flight at once.
 WAITER_CONCURRENCY = 4
-
-#: How many scripts one session has in flight at once (its connections stay at most this many,
-#: plus the pub/sub and watchdog ones).
-SCRIPT_CONCURRENCY = 4
 
 
 class Session:
@@ -85,20 +77,15 @@ class Session:
         self.closed = False
         #: ids of the user clients alive that resolve to this session (see ``session_for``)
         self.users: Set[int] = set()
-        self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
-        if owns:
-            self._execute: Callable[..., Any] = direct_executor(client)
-        else:
-            self._execute = _through(client)
+        self.executor = Executor(client, None if user is None else user())
+        #: every script goes through the executor (see ``_executor``); bound once, here, so
+        #: the hot path pays no extra call
+        self.run = self.executor.run
+        self.read = self.executor.read
         #: Tries by queued waiters go through these slots, so that a crowd of waiters woken at
         #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
         #: to one connection per thread. First tries (the uncontended path) do not pay for it.
         self.retry_slots = threading.Semaphore(WAITER_CONCURRENCY)
-        #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
-        #: condition only for the rare caller that finds it empty.
-        self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
-        self._gate_cond = threading.Condition(threading.Lock())
-        self._gate_waiting = 0
         me = weakref.ref(self)
 
         def source() -> Any:
@@ -113,59 +100,10 @@ class Session:
                 session.mark_lost(hold)
 
         tag = self.id[:8]
-        self.watchdog = Watchdog(source, tag, lost)
+        self.watchdog = Watchdog(source, self.executor.scripts, tag, lost)
         self.dispatcher = Dispatcher(source, tag)
         #: the registry of holds, keyed by (key, owner); shared with the watchdog
         self.holds = self.watchdog.holds
-
-    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
-        """Run script ``name`` as one EVALSHA; on NOSCRIPT (server restarted or SCRIPT FLUSH)
-        load it and run it again.
-
-        The hot path sends over a pooled connection directly (see ``_clients.direct_executor``):
-        redis-py's Script wrapper costs a measurable share of an uncontended acquire. At most
-        ``SCRIPT_CONCURRENCY`` runs of one session are in flight at once, so a hundred threads
-        arriving together do not open a hundred connections.
-        """
-        script = self.scripts[name]
-        gate = self._gate
-        try:
-            gate.pop()  # atomic under the GIL: the uncontended path never blocks here
-        except IndexError:
-            self._gate_wait()
-        try:
-            for _ in range(_NOSCRIPT_TRIES):
-                try:
-                    return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
-                except redis.exceptions.NoScriptError:
-                    # Another SCRIPT FLUSH may land between the load and the run: try again.
-                    script.sha = self.client.script_load(script.script)
-            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        except redis.exceptions.ResponseError as exc:
-            raise _located(name, exc) from None
-        finally:
-            gate.append(None)
-            if self._gate_waiting:
-                with self._gate_cond:
-                    self._gate_cond.notify()
-
-    def _gate_wait(self) -> None:
-        """Block until a run slot is free (all ``SCRIPT_CONCURRENCY`` are in flight).
-
-        A returning run appends its slot before it reads ``_gate_waiting``, and a waiter counts
-        itself before it tries to take a slot, so no wake-up is lost between the two; the short
-        wait bound is only a second line of defence."""
-        with self._gate_cond:
-            self._gate_waiting += 1
-            try:
-                while True:
-                    try:
-                        self._gate.pop()
-                        return
-                    except IndexError:
-                        self._gate_cond.wait(0.05)
-            finally:
-                self._gate_waiting -= 1
 
     # --- holds --------------------------------------------------------------------------------
 
@@ -248,24 +186,6 @@ class Session:
                 self.client.connection_pool.disconnect()
             except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
-
-
-def _located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
-    """``exc`` with its line numbers in the script's own files (see ``_scripts.locate``)."""
-    message = locate(name, str(exc))
-    if message == str(exc):
-        return exc
-    try:
-        return type(exc)(message)
-    except Exception:  # noqa: BLE001 - an error class that wants more: keep the original
-        return exc
-
-
-def _through(client: Any) -> Callable[..., Any]:
-    """Run commands through a (proxied) user client's own ``execute_command``."""
-    def execute(*args: Any) -> Any:
-        return client.execute_command(*args)
-    return execute
 
 
 class SessionUser:

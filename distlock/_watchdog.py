@@ -21,6 +21,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from ._clients import renewer
 from ._config import settings
+from ._executor import Batch
 
 __all__ = ["Hold", "Watchdog", "RENEW_ENDED", "IDLE_EXIT"]
 
@@ -37,7 +38,7 @@ RENEW_ENDED = 2
 IDLE_EXIT = 0.2
 TICK = 0.1
 
-#: renew(pipeline, hold, lease_ms): queue one renewal of a hold on ``pipeline``.
+#: renew(batch, hold, lease_ms): queue one renewal of a hold on ``batch`` (an ``_executor.Batch``).
 Renew = Callable[[Any, "Hold", int], Any]
 #: end(hold): give the whole hold back (one round trip); used at interpreter exit.
 End = Callable[["Hold"], Any]
@@ -89,8 +90,10 @@ class Watchdog:
     found lost (the session tells the primitives).
     """
 
-    def __init__(self, client: Callable[[], Any], tag: str, on_lost: Callable[[Hold], None]) -> None:
+    def __init__(self, client: Callable[[], Any], scripts: Dict[str, Any], tag: str,
+                 on_lost: Callable[[Hold], None]) -> None:
         self._client = client
+        self._scripts = scripts
         self._tag = tag
         self._on_lost = on_lost
         self.mutex = threading.Lock()
@@ -244,18 +247,18 @@ class Watchdog:
         sent_at = time.monotonic()
         failed = False
         try:
-            pipe = self._renewal_client().pipeline(transaction=False)
+            batch = Batch(self._scripts, self._renewal_client())
             queued = []
             for hold in holds:
                 try:
-                    hold.renew(pipe, hold, lease_ms)
+                    hold.renew(batch, hold, lease_ms)
                     queued.append(hold)
                 except Exception:  # noqa: BLE001 - one primitive's bug is not everyone's loss
                     log.exception("distlock: watchdog could not queue the renewal of %s", hold.key)
                     failed = True
                     self._expire([hold])
             holds = queued
-            replies = pipe.execute(raise_on_error=False) if holds else []
+            replies = batch.execute(raise_on_error=False) if holds else []
         except Exception as exc:  # noqa: BLE001 - any failure: retry, and report what ran out
             log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
             self._expire(holds)

@@ -12,6 +12,7 @@ import os
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -454,6 +455,10 @@ def test_status_and_run_with_a_read_write_lock(url: str, client: redis.Redis[Any
         (owner,) = state["owners"]
         assert owner["mode"] == "read" and owner["thread"] == threading.get_ident()
         assert owner["token"] == reader.token == state["token"] and owner["lease_ms"] > 0
+        # finding 5: a read holder's host and pid are recorded and shown, as a writer's are
+        assert (owner["host"], owner["pid"]) == (socket.gethostname(), os.getpid())
+        text = cli("status", "shared", "--url", url).stdout
+        assert f"on {socket.gethostname()} pid {os.getpid()}" in text and "not recorded" not in text
         assert [s["name"] for s in json.loads(cli("list", "--json", "--url", url).stdout)] == ["shared"]
         # --shared joins the readers; --write must wait for them.
         ok = cli("run", "shared", "--shared", "--nonblock", "--url", url, "--", sys.executable,

@@ -118,7 +118,8 @@ def holds_token(client: Any, name: str, token: Optional[int]) -> bool:
         kind = client.type(key)
         if kind == b"hash" and client.hget(key, ":t") == str(token).encode():
             return True
-        if kind == b"zset" and any(m.endswith(f"#{token}".encode()) for m in client.zrange(key, 0, -1)):
+        if kind == b"zset" and any(f"#{token}@".encode() in m or m.endswith(f"#{token}".encode())
+                                   for m in client.zrange(key, 0, -1)):
             return True
     return False
 

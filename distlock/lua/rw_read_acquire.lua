@@ -1,6 +1,6 @@
 -- Acquire, or re-enter, the read side of a read/write lock.
 -- KEYS[1]  writer hash: owner -> count, ':t' -> token, ':i' -> holder info, ':r' -> readers wait
--- KEYS[2]  readers: sorted set, '<owner>#<token>' -> lease deadline (server ms)
+-- KEYS[2]  readers: sorted set, '<owner>#<token>@<host:pid>' -> lease deadline (server ms)
 -- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
 -- KEYS[4]  fence: last token granted for this name
 -- ARGV[1]  owner id
@@ -8,6 +8,8 @@
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token)
 -- ARGV[4]  absent (or '') for a new hold; for a re-entry, the token of the hold the caller
 --          believes it has
+-- ARGV[5]  the holder's 'host:pid', kept in its member for `distlock status` (absent, from
+--          an older caller: the member is '<owner>#<token>')
 -- return   token (> 0) when granted or re-entered (the reentrancy depth is the caller's to keep);
 --          0 when the re-entered hold is gone or its lease ran out (the caller's lease is lost;
 --          an expired member is removed);
@@ -17,6 +19,7 @@
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
 --@ uses next_token held_reply
 local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
+local info = (ARGV[5] and ARGV[5] ~= '') and ('@' .. ARGV[5]) or ''
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -28,7 +31,7 @@ local function keep(member, deadline)
 end
 
 if reentry ~= '' then
-  local member = owner .. '#' .. reentry
+  local member = owner .. '#' .. reentry .. info
   local deadline = tonumber(redis.call('zscore', KEYS[2], member) or '0')
   if deadline <= now then
     redis.call('zrem', KEYS[2], member)
@@ -53,5 +56,5 @@ else
 end
 
 local token = next_token(KEYS[4], tonumber(ARGV[3]))
-keep(owner .. '#' .. string.format('%.0f', token), now + lease)
+keep(owner .. '#' .. string.format('%.0f', token) .. info, now + lease)
 return token

@@ -1,0 +1,244 @@
+"""The executor: the one interface through which the primitives reach Redis.
+
+Three kinds of traffic, three methods, and the retry policy of each is decided here:
+
+- ``run(name, keys, args)``: one script, a state change. **Never sent twice**: a script whose
+  reply was lost may have run, and running it again could take a second hold, release twice,
+  or report a release as a lost lease; the caller learns the outcome by reading state (DESIGN
+  principle 13). Scripts go out on the direct path below, which has no retries, for every
+  client it can drive: a plain client, a Sentinel client (its pool hands out the master's
+  connections), a single-connection client. Only a client that overrides ``execute_command``
+  (and fakeredis, which has no network) is driven through its own ``execute_command``: what
+  it does there, retries included, is its own choice. NOSCRIPT (a restarted server, SCRIPT
+  FLUSH) means the script did not run: it is loaded and sent again. A Redis error names the
+  script's file and line (see ``_scripts.locate``).
+- ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, ZSCORE, DEL of a flag,
+  ZREM of our own entry, TIME); it goes through the client, retries and all.
+- ``batch(client)``: a pipeline of scripts and commands in one round trip (the watchdog's
+  renewals, a reader's look at its hold), on ``client`` (the watchdog's own connection) or on
+  the executor's. Renewals are safe to repeat.
+
+This is the standalone executor. Cluster, Redlock and asyncio executors plug in behind the
+same three methods: a Cluster executor routes by the keys' slot and follows MOVED, ASK and
+TRYAGAIN (the script did not run), and groups a batch per node.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Callable, Dict, List, Tuple
+
+import redis
+
+from ._scripts import locate, script_names, script_source
+
+__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "sender"]
+
+#: How many scripts one executor has in flight at once (its connections stay at most this many,
+#: plus the pub/sub and watchdog ones).
+SCRIPT_CONCURRENCY = 4
+
+#: How many times ``run`` loads a script again after NOSCRIPT before it gives up.
+_NOSCRIPT_TRIES = 3
+
+
+class Executor:
+    """Runs scripts and commands on one standalone server (or Sentinel's current master)."""
+
+    def __init__(self, client: Any, real: Any = None) -> None:
+        """``client``: what to talk through (perhaps a weak proxy of the user's client);
+        ``real``: the client itself, when ``client`` is a proxy of it."""
+        self.client = client
+        self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
+        self._execute = sender(client if real is None else real, client)
+        #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
+        #: condition only for the rare caller that finds it empty.
+        self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
+        self._gate_cond = threading.Condition(threading.Lock())
+        self._gate_waiting = 0
+
+    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+        """Run script ``name`` as one EVALSHA and return its reply (see the module's docstring).
+
+        At most ``SCRIPT_CONCURRENCY`` runs are in flight at once, so a hundred threads
+        arriving together do not open a hundred connections.
+        """
+        script = self.scripts[name]
+        gate = self._gate
+        try:
+            gate.pop()  # atomic under the GIL: the uncontended path never blocks here
+        except IndexError:
+            self._gate_wait()
+        try:
+            for _ in range(_NOSCRIPT_TRIES):
+                try:
+                    return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    # Another SCRIPT FLUSH may land between the load and the run: try again.
+                    script.sha = self.client.script_load(script.script)
+            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.exceptions.ResponseError as exc:
+            raise _located(name, exc) from None
+        finally:
+            gate.append(None)
+            if self._gate_waiting:
+                with self._gate_cond:
+                    self._gate_cond.notify()
+
+    def _gate_wait(self) -> None:
+        """Block until a run slot is free (all ``SCRIPT_CONCURRENCY`` are in flight).
+
+        A returning run appends its slot before it reads ``_gate_waiting``, and a waiter counts
+        itself before it tries to take a slot, so no wake-up is lost between the two; the short
+        wait bound is only a second line of defence."""
+        with self._gate_cond:
+            self._gate_waiting += 1
+            try:
+                while True:
+                    try:
+                        self._gate.pop()
+                        return
+                    except IndexError:
+                        self._gate_cond.wait(0.05)
+            finally:
+                self._gate_waiting -= 1
+
+    def read(self, *command: Any) -> Any:
+        """One command that is safe to repeat (see the module's docstring)."""
+        return self.client.execute_command(*command)
+
+    def batch(self, client: Any = None) -> Batch:
+        """A pipeline on ``client`` (default: the executor's own)."""
+        return Batch(self.scripts, self.client if client is None else client)
+
+
+class Batch:
+    """Scripts and commands queued for one round trip; ``execute`` sends them."""
+
+    __slots__ = ("_scripts", "_pipe")
+
+    def __init__(self, scripts: Dict[str, Any], client: Any) -> None:
+        self._scripts = scripts
+        self._pipe = client.pipeline(transaction=False)
+
+    def script(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> None:
+        # redis-py's Script on a pipeline loads itself before the pipeline runs (NOSCRIPT-safe)
+        self._scripts[name](keys=keys, args=args, client=self._pipe)
+
+    def command(self, *args: Any) -> None:
+        self._pipe.execute_command(*args)
+
+    def __len__(self) -> int:
+        return len(self._pipe)
+
+    def execute(self, raise_on_error: bool = True) -> List[Any]:
+        return self._pipe.execute(raise_on_error=raise_on_error)  # type: ignore[no-any-return]
+
+
+def _located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
+    """``exc`` with its line numbers in the script's own files (see ``_scripts.locate``)."""
+    message = locate(name, str(exc))
+    if message == str(exc):
+        return exc
+    try:
+        return type(exc)(message)
+    except Exception:  # noqa: BLE001 - an error class that wants more: keep the original
+        return exc
+
+
+# --- the direct path --------------------------------------------------------------------------
+
+def sender(client: Any, via: Any) -> Callable[..., Any]:
+    """A function that sends one command and returns its reply, never retrying.
+
+    For a client that does not override ``execute_command`` and has no reply callback for
+    EVALSHA: it takes a connection (the client's single one under its lock, or one from its
+    pool), sends, reads the reply and gives the connection back. That also skips
+    ``execute_command``'s per-call wrapper (retry closure, telemetry hooks), which on a slow
+    machine costs as much as the server's work on a small script. A connection that went stale
+    while idle (a server restart) is still replaced when it is taken from the pool, as redis-py
+    does. Anything else: ``via.execute_command``, looked up on every call.
+
+    Keeps no reference to ``client`` itself: ``via`` may be a weak proxy of it, so that a
+    session does not keep its user's client alive.
+    """
+    kind = type(client)
+    plain = (kind.execute_command is redis.Redis.execute_command
+             and "EVALSHA" not in getattr(client, "response_callbacks", {}))
+    single = getattr(client, "connection", None)
+    pool = getattr(client, "connection_pool", None)
+    if plain and single is not None:
+        return _single(single, client.single_connection_lock)
+    if not plain or not isinstance(pool, redis.ConnectionPool) or kind.__module__.startswith("fakeredis"):
+        def through(*args: Any) -> Any:
+            return via.execute_command(*args)
+        return through
+    return _pooled(pool)
+
+
+def _send(conn: Any, packed: List[bytes]) -> Any:
+    try:
+        conn.send_packed_command(packed)
+        return conn.read_response()
+    except redis.exceptions.ResponseError:
+        raise  # the whole reply was read: the connection is clean
+    except BaseException:
+        conn.disconnect()  # a reply may be left half-read on the socket
+        raise
+
+
+def _single(conn: Any, lock: Any) -> Callable[..., Any]:
+    def execute(*args: Any) -> Any:
+        with lock:
+            return _send(conn, conn.pack_command(*args))
+    return execute
+
+
+def _takes_no_command_name(pool: Any) -> bool:
+    """redis-py 5.3+ takes ``get_connection()`` without arguments (and warns when given one);
+    older versions require the command name."""
+    try:
+        params = inspect.signature(pool.get_connection).parameters
+    except (TypeError, ValueError):
+        return False
+    first = next(iter(params.values()), None)
+    return first is None or first.default is not inspect.Parameter.empty
+
+
+def _pooled(pool: Any) -> Callable[..., Any]:
+    take = pool.get_connection
+    if not _takes_no_command_name(pool):
+        def take() -> Any:
+            return pool.get_connection("EVALSHA")
+    give_back = pool.release
+    encoder = pool.get_encoder()
+    encoding, errors, encode = encoder.encoding, encoder.encoding_errors, encoder.encode
+
+    def pack(args: Tuple[Any, ...]) -> List[bytes]:
+        # RESP, as redis-py's own packer writes it, for the argument types the scripts pass
+        # (str, int, bytes); anything else goes through the client's encoder (which also
+        # raises redis-py's DataError for what it cannot send).
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            kind = type(arg)
+            if kind is str:
+                data = arg.encode(encoding, errors)
+            elif kind is int:
+                data = b"%d" % arg
+            elif kind is bytes:
+                data = arg
+            else:
+                data = encode(arg)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return [b"".join(parts)]
+
+    def execute(*args: Any) -> Any:
+        packed = pack(args)
+        conn = take()
+        try:
+            return _send(conn, packed)
+        finally:
+            give_back(conn)
+
+    return execute
