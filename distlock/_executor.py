@@ -114,26 +114,38 @@ class Executor:
 
 
 class Batch:
-    """Scripts and commands queued for one round trip; ``execute`` sends them."""
+    """Scripts and commands queued for one round trip; ``execute`` sends them. A script's
+    error in the replies names the script's file and line, as ``run``'s do."""
 
-    __slots__ = ("_scripts", "_pipe")
+    __slots__ = ("_scripts", "_pipe", "_names")
 
     def __init__(self, scripts: Dict[str, Any], client: Any) -> None:
         self._scripts = scripts
         self._pipe = client.pipeline(transaction=False)
+        self._names: List[str] = []  # per queued entry: its script's name, or ''
 
     def script(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> None:
         # redis-py's Script on a pipeline loads itself before the pipeline runs (NOSCRIPT-safe)
         self._scripts[name](keys=keys, args=args, client=self._pipe)
+        self._names.append(name)
 
     def command(self, *args: Any) -> None:
         self._pipe.execute_command(*args)
+        self._names.append("")
 
     def __len__(self) -> int:
-        return len(self._pipe)
+        return len(self._names)
 
     def execute(self, raise_on_error: bool = True) -> List[Any]:
-        return self._pipe.execute(raise_on_error=raise_on_error)  # type: ignore[no-any-return]
+        """The replies, in order; with ``raise_on_error`` false, errors among them."""
+        replies = [_located(name, reply) if name and isinstance(reply, redis.exceptions.ResponseError)
+                   else reply
+                   for name, reply in zip(self._names, self._pipe.execute(raise_on_error=False))]
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
 
 
 def _located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
@@ -234,10 +246,17 @@ def _pooled(pool: Any) -> Callable[..., Any]:
         return [b"".join(parts)]
 
     def execute(*args: Any) -> Any:
+        # _send, written out: this is every uncontended acquire's and release's path
         packed = pack(args)
         conn = take()
         try:
-            return _send(conn, packed)
+            conn.send_packed_command(packed)
+            return conn.read_response()
+        except redis.exceptions.ResponseError:
+            raise  # the whole reply was read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # a reply may be left half-read on the socket
+            raise
         finally:
             give_back(conn)
 

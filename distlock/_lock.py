@@ -35,8 +35,10 @@ from ._logic import (
     lock_repr,
     registry_lease_ms,
 )
-from ._outcomes import Granted, Outcome
+from ._outcomes import LOST, Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
+from ._outcomes import lock_reenter as decode_reenter
+from ._outcomes import lock_release as decode_release
 from ._session import Hold, Session, SessionUser, Waiter
 from ._waitpolicy import HINTED, LAST, WAIT
 
@@ -189,8 +191,7 @@ class _LockBase(SessionUser):
         if held.lost:
             raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
                                 name=self._name, token=held.token)
-        reply = self._call_acquire(session, held.owner, ms, count, str(held.token))
-        if reply == 0:
+        if decode_reenter(self._call_acquire(session, held.owner, ms, count, str(held.token))) is LOST:
             session.mark_lost(held)
             raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
                                 name=self._name, token=held.token)
@@ -212,7 +213,8 @@ class _LockBase(SessionUser):
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
                ms: int, sent_at: float) -> None:
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
-                    lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._ender())
+                    lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._ender(),
+                    notify=_notify_lost)
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -233,20 +235,20 @@ class _LockBase(SessionUser):
                                 name=self._name, token=hold.token)
         hold.releasing = True  # a renewal racing this release must not call the hold lost
         try:
-            left = self._call_release(session, hold, count)
+            outcome = decode_release(self._call_release(session, hold, count))
         except BaseException:
             # The server may or may not have released it; stop renewing so that, at worst, the
             # hold ends with its lease.
             self._forget(hold)
             session.drop_hold(hold)
             raise
-        if left < 0:
+        if outcome is LOST:
             self._forget(hold)
             session.drop_hold(hold)
             session.mark_lost(hold)
             raise LockLostError(f"lease on {self._name!r} was lost before release",
                                 name=self._name, token=hold.token)
-        hold.count = left
+        left = hold.count = outcome.left  # type: ignore[union-attr]  # Released
         if left == 0:
             self._forget(hold)
             session.drop_hold(hold)
@@ -318,6 +320,10 @@ class _LockWaiting(Waiting):
 
     def unregister(self) -> None:
         self._lock._unregister(self._session, self.channel)
+
+
+def _notify_lost(lock: _LockBase) -> None:
+    lock._fire_lost()
 
 
 def _renew_exclusive(fence: str, batch: Batch, hold: Hold, ms: int) -> None:

@@ -28,77 +28,72 @@ from ._synclogic import BAR_BROKEN, BAR_PENDING, BAR_TRIPPED, EV_EXPIRED, EV_SET
 
 __all__ = [
     "Granted", "Busy", "Pending", "Done", "Failed", "Released", "LOST", "TIMED_OUT", "NAMED",
-    "Outcome", "FINAL", "lock_acquire", "lock_release", "holder_bound", "sem_acquire",
+    "Outcome", "FINAL", "lock_acquire", "lock_reenter", "lock_release", "holder_bound", "sem_acquire",
     "REJOIN", "event_wait", "barrier_poll", "cond_leave",
 ]
 
 
-class Granted:
+class _One:
+    """An outcome that carries one value, named by ``_field``: equal when of the same type and
+    value, and shown as ``Type(value)``."""
+
+    __slots__ = ()
+    _field = ""
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and getattr(other, self._field) == getattr(self, self._field)
+
+    def __hash__(self) -> int:
+        return hash((type(self), getattr(self, self._field)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({getattr(self, self._field)!r})"
+
+
+class Granted(_One):
     __slots__ = ("token",)
+    _field = "token"
 
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Granted and other.token == self.token
 
-    def __repr__(self) -> str:
-        return f"Granted({self.token})"
-
-
-class Busy:
+class Busy(_One):
     __slots__ = ("bound",)
+    _field = "bound"
 
     def __init__(self, bound: Optional[float] = None) -> None:
         self.bound = bound
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.bound == self.bound
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.bound})"
 
 
 class Pending(Busy):
     __slots__ = ()
 
 
-class Done:
+class Done(_One):
     __slots__ = ("value",)
+    _field = "value"
 
     def __init__(self, value: Any) -> None:
         self.value = value
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Done and other.value == self.value
 
-    def __repr__(self) -> str:
-        return f"Done({self.value!r})"
-
-
-class Failed:
+class Failed(_One):
     __slots__ = ("error",)
+    _field = "error"
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
-    def __repr__(self) -> str:
-        return f"Failed({self.error!r})"
 
-
-class Released:
+class Released(_One):
     """A release went through; ``left`` is the reentrancy count still held (0: ended)."""
 
     __slots__ = ("left",)
+    _field = "left"
 
     def __init__(self, left: int) -> None:
         self.left = left
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Released and other.left == self.left
-
-    def __repr__(self) -> str:
-        return f"Released({self.left})"
 
 
 class _Marker:
@@ -140,9 +135,21 @@ def lock_acquire(reply: Any) -> Union[Granted, Busy]:
     return Busy(holder_bound(code))
 
 
+def lock_reenter(reply: Any) -> Union[Granted, _Marker]:
+    """A re-entry's ``lock_acquire`` / ``rw_*_acquire``: the hold's token, or 0: it is gone."""
+    token = int(reply)
+    return Granted(token) if token > 0 else LOST
+
+
+#: the common release, without an allocation
+_RELEASED_ALL = Released(0)
+
+
 def lock_release(reply: Any) -> Union[Released, _Marker]:
     """``lock_release``, ``rw_*_release``: the count left (0: released), or -1: not ours."""
     left = int(reply)
+    if left == 0:
+        return _RELEASED_ALL
     return LOST if left < 0 else Released(left)
 
 

@@ -275,7 +275,8 @@ class DistSemaphore(SessionUser):
                reply: int) -> None:
         self._seen = reply - 1
         hold = Hold(session, self._keys.sem, pid, token=0, count=1, watchdog=watchdog,
-                    lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._end)
+                    lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._end,
+                    notify=_notify_lost)
         hold.listeners.add(self)
         session.add_hold(hold)
 
@@ -365,3 +366,7 @@ class _SemWaiting(Waiting):
     def attempt(self, mode: str, waiter: Any) -> Outcome:
         session, pid, ms, watchdog, queue_ms = self._args
         return self._sem._attempt(session, mode, pid, ms, watchdog, queue_ms)
+
+
+def _notify_lost(sem: DistSemaphore) -> None:
+    sem._fire_lost()

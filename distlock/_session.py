@@ -134,8 +134,10 @@ class Session:
                 return
             hold.lost = True
         log.warning("distlock: lease lost on %s (owner %s, token %s)", hold.key, hold.owner, hold.token)
-        for lock in list(hold.listeners):
-            lock._fire_lost()
+        notify = hold.notify
+        if notify is not None:
+            for listener in list(hold.listeners):
+                notify(listener)
 
     def busy(self) -> bool:
         return bool(self.holds) or self.dispatcher.busy()

@@ -42,6 +42,8 @@ TICK = 0.1
 Renew = Callable[[Any, "Hold", int], Any]
 #: end(hold): give the whole hold back (one round trip); used at interpreter exit.
 End = Callable[["Hold"], Any]
+#: notify(listener): tell one of the hold's listeners (a primitive) that the hold was lost.
+Notify = Callable[[Any], Any]
 
 
 class Hold:
@@ -54,12 +56,12 @@ class Hold:
 
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
-        "lost", "listeners", "renew", "end", "releasing", "pin", "__weakref__",
+        "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "__weakref__",
     )
 
     def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
                  watchdog: bool, lease_ms: int, sent_at: float, renew: Renew,
-                 end: Optional[End] = None) -> None:
+                 end: Optional[End] = None, notify: Optional[Notify] = None) -> None:
         self.session = session
         self.key = key
         self.owner = owner
@@ -74,7 +76,9 @@ class Hold:
         #: set while a release of this hold is in flight: a renewal that finds the hold gone
         #: then raced the release, and says nothing about a lost lease
         self.releasing = False
+        #: the primitive objects to tell when the hold is found lost, through ``notify``
         self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.notify = notify
         #: the primitive that made the hold knows its script and keys
         self.renew = renew
         self.end = end

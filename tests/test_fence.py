@@ -4,7 +4,12 @@ without bound; tokens stay strictly increasing after it went (the server-TIME fl
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, List
@@ -14,6 +19,7 @@ from _support import settle
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock
+from distlock._rwlogic import RWKeys
 
 KINDS = ["DistLock", "DistRLock", "read", "write"]
 
@@ -121,3 +127,38 @@ def test_a_previous_release_and_this_one_exclude_each_other(url: str, client: An
     assert new.acquire(blocking=False)
     assert new.token > second
     new.release()
+
+
+@pytest.mark.real_redis
+def test_read_holds_of_a_previous_release_and_this_one_exclude_writers_of_both(
+        url: str, client: Any) -> None:
+    """A rolling upgrade of a read/write lock: a read hold's member gained its holder's
+    ``@host:pid`` (for ``distlock status``), and every script counts readers by their
+    deadlines, not their spelling, so readers of either release keep writers of either out,
+    and ``status`` reads both spellings."""
+    read_acquire, write_acquire = _previous("rw_read_acquire"), _previous("rw_write_acquire")
+    rw = RWKeys.of("distlock:", "rw-upgrade")
+    keys = (rw.writer, rw.readers, rw.queue, rw.fence)
+    new = DistReadWriteLock("rw-upgrade", client=client)
+
+    old_token = int(client.eval(read_acquire, 4, *keys, "old:1", 30000, 60000))
+    assert old_token > 0
+    assert not new.write_lock().acquire(blocking=False)  # the old reader keeps the new writer out
+    assert new.read_lock().acquire(blocking=False)  # readers share, whatever their release
+    (state,) = _status(url, "rw-upgrade")
+    where = sorted((o["token"], o["host"], o["pid"]) for o in state["owners"])
+    assert where == [(old_token, None, None), (new.read_lock().token, socket.gethostname(), os.getpid())]
+    client.zrem(rw.readers, f"old:1#{old_token}")  # the old reader leaves
+    # the new reader keeps an old writer out
+    assert int(client.eval(write_acquire, 4, *keys, "old:2", 30000, 60000, "h:2")) < 0
+    new.read_lock().release()
+    assert int(client.eval(write_acquire, 4, *keys, "old:2", 30000, 60000, "h:2")) > old_token
+    client.delete(rw.writer)
+    assert new.read_lock().acquire(blocking=False)
+    new.read_lock().release()
+
+
+def _status(url: str, name: str) -> Any:
+    out = subprocess.run([sys.executable, "-m", "distlock", "status", name, "--json", "--url", url],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return json.loads(out.stdout)

@@ -27,6 +27,7 @@ def test_lock_replies() -> None:
     assert oc.lock_release(0) == oc.Released(0)
     assert oc.lock_release(2) == oc.Released(2)
     assert oc.lock_release(-1) is oc.LOST
+    assert oc.lock_reenter(5) == oc.Granted(5) and oc.lock_reenter(0) is oc.LOST
 
 
 def test_semaphore_replies() -> None:

@@ -155,3 +155,27 @@ def test_an_error_in_a_helper_names_the_helper_file(url: str, client: Any) -> No
         session.run("lock_acquire", keys, ("me:1", 30000, "not-a-number", "h:1"))
     line = _line_of("_prelude.lua", "redis.call('set', fence_key, fmt(token), 'px', ttl)")
     assert f"_prelude.lua:{line}" in str(info.value), str(info.value)
+
+
+@pytest.mark.real_redis
+def test_an_error_in_a_batched_script_names_its_file_and_line(url: str, client: Any) -> None:
+    """The watchdog's renewals go out in a batch (a pipeline); an error among its replies is
+    mapped like a single run's, and the other replies are untouched."""
+    from distlock._session import session_for
+
+    session = session_for(client)
+    client.hset("distlock:{loc3}", mapping={"me:1": 1, ":t": 1})  # a hold to renew
+    batch = session.executor.batch()
+    batch.command("PING")
+    batch.script("lock_renew", ("distlock:{loc3}", "distlock:{loc3}:fence"),
+                 ("me:1", 1, "not-a-number", 30000))
+    ping, error = batch.execute(raise_on_error=False)
+    assert ping in (True, b"PONG", "PONG")
+    assert isinstance(error, redis.exceptions.ResponseError)
+    assert "lock_renew.lua:" in str(error) and "user_script" not in str(error), str(error)
+    batch = session.executor.batch()
+    batch.script("lock_renew", ("distlock:{loc3}", "distlock:{loc3}:fence"),
+                 ("me:1", 1, "not-a-number", 30000))
+    with pytest.raises(redis.exceptions.ResponseError, match="lock_renew.lua:"):
+        batch.execute()
+    client.delete("distlock:{loc3}")
