@@ -124,9 +124,9 @@ def _line_of(filename: str, text: str, last: bool = False) -> int:
 
 def test_locate_maps_joined_lines_to_files() -> None:
     source = script_source("lock_acquire").splitlines()
-    at = source.index("local lease = tonumber(ARGV[2])") + 1
+    at = source.index("local mode = ARGV[5] or ''") + 1
     message = locate("lock_acquire", f"ERR x script: abc, on @user_script:{at}.")
-    assert f"@lock_acquire.lua:{_line_of('lock_acquire.lua', 'local lease = tonumber')}." in message
+    assert f"@lock_acquire.lua:{_line_of('lock_acquire.lua', 'local mode = ARGV[5]')}." in message
 
 
 @pytest.mark.real_redis
@@ -139,7 +139,7 @@ def test_an_error_in_a_script_names_its_file_and_line(url: str, client: Any) -> 
     keys = ("distlock:{loc}", "distlock:{loc}:fence", "distlock:{loc}:q")
     with pytest.raises(redis.exceptions.ResponseError) as info:
         session.run("lock_acquire", keys, ("me:1", "not-a-number", 30000, "h:1"))
-    line = _line_of("lock_acquire.lua", "redis.call('pexpire', KEYS[1], lease)", last=True)
+    line = _line_of("lock_acquire.lua", "redis.call('pexpire', KEYS[1], ARGV[2])", last=True)
     assert f"lock_acquire.lua:{line}" in str(info.value), str(info.value)
     assert "user_script" not in str(info.value)
 

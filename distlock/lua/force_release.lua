@@ -32,7 +32,7 @@ end
 for i = first, #KEYS do
   redis.call('del', KEYS[i])
 end
-local fence = next_token(KEYS[1], tonumber(ARGV[3]))
+local fence = next_token(KEYS[1], ARGV[3])
 for i = 2, first - 1 do
   redis.call('publish', KEYS[i], '*')
 end

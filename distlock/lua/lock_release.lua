@@ -9,12 +9,12 @@
 --          -1 when the hold is gone or is someone else's (the caller's lease is lost).
 --@ uses wake_one
 local fields = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':w')
-local count = tonumber(fields[1])
-if count == nil or fields[2] ~= ARGV[2] then
+if not fields[1] or fields[2] ~= ARGV[2] then
   return -1
 end
-local n = tonumber(ARGV[3] or '1')
-if n > 0 and n < count then
+-- The common case, one level of a hold one level deep, needs no number parsed.
+local n = (fields[1] == '1' and not ARGV[3]) and 1 or tonumber(ARGV[3] or '1')
+if n > 0 and (fields[1] ~= '1' and n < tonumber(fields[1])) then
   -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
   -- command may use memory: HINCRBY may; PEXPIRE and DEL may not. Setting the TTL to what it
   -- is makes the HINCRBY a later write, which Redis allows, so giving back a level never fails

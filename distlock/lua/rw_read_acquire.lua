@@ -55,6 +55,6 @@ else
   end
 end
 
-local token = next_token(KEYS[4], tonumber(ARGV[3]))
+local token = next_token(KEYS[4], ARGV[3])
 keep(owner .. '#' .. string.format('%.0f', token) .. info, now + lease)
 return token

@@ -80,7 +80,7 @@ if refused ~= nil then
   return refused
 end
 
-local token = next_token(KEYS[4], tonumber(ARGV[3]))
+local token = next_token(KEYS[4], ARGV[3])
 if mode == 'w' or mode == 'x' then
   -- a writer that waited: readers may have been refused behind it, so its release wakes them
   redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[4], ':r', 1)
