@@ -181,7 +181,7 @@ def sender(client: Any, via: Any) -> Callable[..., Any]:
     single = getattr(client, "connection", None)
     pool = getattr(client, "connection_pool", None)
     if plain and single is not None:
-        return _single(single, client.single_connection_lock)
+        return _pooled(_OneConnection(single, client.single_connection_lock))
     if not plain or not isinstance(pool, redis.ConnectionPool) or kind.__module__.startswith("fakeredis"):
         def through(*args: Any) -> Any:
             return via.execute_command(*args)
@@ -189,22 +189,23 @@ def sender(client: Any, via: Any) -> Callable[..., Any]:
     return _pooled(pool)
 
 
-def _send(conn: Any, packed: List[bytes]) -> Any:
-    try:
-        conn.send_packed_command(packed)
-        return conn.read_response()
-    except redis.exceptions.ResponseError:
-        raise  # the whole reply was read: the connection is clean
-    except BaseException:
-        conn.disconnect()  # a reply may be left half-read on the socket
-        raise
+class _OneConnection:
+    """A single-connection client's connection, lent out like a pool lends one: under the
+    client's own lock, so that the pooled path below drives it too."""
 
+    def __init__(self, conn: Any, lock: Any) -> None:
+        self._conn = conn
+        self._lock = lock
 
-def _single(conn: Any, lock: Any) -> Callable[..., Any]:
-    def execute(*args: Any) -> Any:
-        with lock:
-            return _send(conn, conn.pack_command(*args))
-    return execute
+    def get_connection(self) -> Any:
+        self._lock.acquire()
+        return self._conn
+
+    def release(self, conn: Any) -> None:
+        self._lock.release()
+
+    def get_encoder(self) -> Any:
+        return self._conn.encoder
 
 
 def _takes_no_command_name(pool: Any) -> bool:
@@ -246,7 +247,6 @@ def _pooled(pool: Any) -> Callable[..., Any]:
         return [b"".join(parts)]
 
     def execute(*args: Any) -> Any:
-        # _send, written out: this is every uncontended acquire's and release's path
         packed = pack(args)
         conn = take()
         try:
