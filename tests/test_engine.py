@@ -95,8 +95,10 @@ TIMED_OUT = {"DistBarrier": "broken", "DistCondition": False}
 
 
 @pytest.fixture
-def pair(backend: Any) -> Iterator[Tuple[redis.Redis, redis.Redis]]:
-    mine, theirs = backend.client(), backend.client()  # two sessions: two "processes"
+def pair(backend: Any, client: redis.Redis) -> Iterator[Tuple[redis.Redis, redis.Redis]]:
+    """Two clients with sessions of their own: two "processes". ``client`` cleans up after
+    the test (keys, sessions, threads), as for every other test."""
+    mine, theirs = backend.client(), backend.client()
     yield mine, theirs
     mine.close()
     theirs.close()
