@@ -212,7 +212,7 @@ class DistBarrier(SessionUser):
         return index
 
     def _arrived(self, session: Session, wid: str, code: int, index: int, gen: int,
-                 sent_at: float) -> Tuple[Outcome, Optional[Hold]]:
+                 sent_at: float, keep: int) -> Tuple[Outcome, Optional[Hold]]:
         """What ``bar_wait``'s reply means: the wait's outcome, and the hold whose lease the
         watchdog now renews (the action's runner, or a waiting party)."""
         if code == BAR_BUSY:  # the previous generation's action runs: arrive again soon
@@ -231,7 +231,7 @@ class DistBarrier(SessionUser):
                     renew=self._renewer("a" if code == BAR_RUN else "w"))
         session.add_hold(hold)
         if code == BAR_RUN:
-            return Done(self._run_action(session, wid, gen, index, self._keep())), hold
+            return Done(self._run_action(session, wid, gen, index, keep)), hold
         self._seen = (False, index + 1)
         return Busy(None), hold
 
@@ -257,7 +257,7 @@ class _BarrierWaiting(Waiting):
         self._barrier = barrier
         self._session = session
         self._ms = lease_ms(settings().lease)
-        self._keep = broken_keep_ms(settings().lease, settings().wait_cap, settings().queue_cap_factor)
+        self._keep = barrier._keep()
         self._index = self._gen = 0
 
     def attempt(self, mode: str, waiter: Any) -> Outcome:
@@ -266,7 +266,7 @@ class _BarrierWaiting(Waiting):
             sent_at = time.monotonic()
             code, self._index, self._gen = barrier._arrive(session, self.wid, self._ms, self._keep)
             outcome, self.hold = barrier._arrived(session, self.wid, code, self._index,
-                                                  self._gen, sent_at)
+                                                  self._gen, sent_at, self._keep)
             return outcome
         last = mode == LAST
         code = barrier._poll(session, self.wid, self._gen, "b" if last else "p", self._keep)

@@ -15,8 +15,9 @@ Construction only: nothing here talks to Redis (redis-py connects on the first c
   starve the renewals, and a blackholed server makes the renewal fail in time for the hold to be
   reported lost when its lease runs out, not a minute later.
 
-Only clients built on redis-py's own pools and connection classes are twinned or driven
-directly; anything else (Sentinel, Cluster, test doubles) is used as it is.
+Only clients built on redis-py's own pools and connection classes are twinned; anything else
+(Sentinel, Cluster, test doubles) is used as it is. How commands are sent is the executor's
+business (``_executor.py``).
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from ._engine import Waiting, wait
 from ._errors import LockLostError, LockNotOwnedError
 from ._executor import Batch
 from ._logic import (
-    RELEASE_LOST,
     Keys,
     check_acquire_args,
     check_lease,
@@ -530,7 +529,7 @@ def release_into(lock: _LockBase, session: Session, script: str, keys: Tuple[str
     finally:
         hold.count = 0
         session.drop_hold(hold)
-    if reply == RELEASE_LOST:
+    if decode_release(reply) is LOST:
         session.mark_lost(hold)
         raise LockLostError(f"lease on {lock.name!r} was lost before release",
                             name=lock.name, token=hold.token)

@@ -236,15 +236,16 @@ class Deadline:
     def expired(self) -> bool:
         return self._at is not None and time.monotonic() >= self._at
 
-    def sleep_bound(self, holder_pttl_ms: int, cap: float) -> float:
+    def sleep_bound(self, holder: Optional[float], cap: float) -> float:
         """How long a waiter may sleep before it must try again.
 
-        min(time left, the holder's remaining lease, cap): a lost wake-up or a crashed holder
-        then costs at most this long. A holder lease of 0 or less (unknown) counts as no bound.
+        min(time left, the holder's remaining lease in seconds, cap): a lost wake-up or a
+        crashed holder then costs at most this long. A holder lease of None, or of 0 or less
+        (unknown), counts as no bound.
         """
         bound = cap
-        if holder_pttl_ms > 0:
-            bound = min(bound, holder_pttl_ms / 1000.0)
+        if holder is not None and holder > 0:
+            bound = min(bound, holder)
         left = self.remaining()
         if left is not None:
             bound = min(bound, left)

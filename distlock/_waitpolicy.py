@@ -22,7 +22,7 @@ Try modes, which each primitive maps to its script's arguments:
 
 from __future__ import annotations
 
-from typing import Any, Generator, Optional, Tuple, Union
+from typing import Any, Generator, Optional, Union
 
 from ._logic import Backoff, Deadline
 from ._outcomes import FINAL, NAMED, TIMED_OUT, Busy, Outcome, Pending
@@ -90,10 +90,8 @@ def policy(deadline: Deadline, cap: float, *, start: str = FIRST, answers_hints:
             continue
         if mode == LAST:
             return TIMED_OUT
-        bound = cap if outcome.bound is None else min(cap, outcome.bound)
+        bound = deadline.sleep_bound(outcome.bound, cap)
         left = deadline.remaining()
-        if left is not None:
-            bound = min(bound, left)
         if bound <= 0:  # no time left to sleep: straight to the last try
             mode = WAIT if mode == FIRST else mode
             continue
@@ -112,10 +110,3 @@ def policy(deadline: Deadline, cap: float, *, start: str = FIRST, answers_hints:
         elif answers_hints:
             mode = HINTED if hinted and not lost_race else WAIT
 
-
-def run_steps(steps: Generator[Step, Any, Outcome], first: Any) -> Tuple[Optional[Step], Any]:
-    """Send ``first`` to ``steps``; return (the next step, None) or (None, the final outcome)."""
-    try:
-        return steps.send(first), None
-    except StopIteration as stop:
-        return None, stop.value

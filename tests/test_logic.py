@@ -61,10 +61,11 @@ def test_plain_names_are_unchanged() -> None:
 def test_deadline_bounds() -> None:
     forever = Deadline(None)
     assert forever.remaining() is None and not forever.expired()
-    assert forever.sleep_bound(500, 2.0) == 0.5
+    assert forever.sleep_bound(0.5, 2.0) == 0.5
     assert forever.sleep_bound(0, 2.0) == 2.0  # unknown lease: the cap
+    assert forever.sleep_bound(None, 2.0) == 2.0
     soon = Deadline(0.0)
-    assert soon.expired() and soon.sleep_bound(10_000, 2.0) == 0.0
+    assert soon.expired() and soon.sleep_bound(10.0, 2.0) == 0.0
 
 
 def test_lease_ms_rounds_up() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from distlock import _outcomes as oc
 from distlock import _synclogic as sl
+from distlock._logic import Deadline
 from distlock._waitpolicy import FIRST, HINTED, LAST, WAIT, Sleep, Try, policy
 
 # --- decoders ----------------------------------------------------------------------------------
@@ -68,8 +69,8 @@ def test_pending_is_a_busy_but_not_equal_to_one() -> None:
 
 # --- the policy --------------------------------------------------------------------------------
 
-class FakeDeadline:
-    """A deadline on a clock the test moves (``now``)."""
+class FakeDeadline(Deadline):
+    """A deadline on a clock the test moves (``now``); its sleep bound is Deadline's own."""
 
     def __init__(self, timeout: Optional[float]) -> None:
         self.now = 0.0
@@ -85,7 +86,7 @@ class FakeDeadline:
 def drive(deadline: FakeDeadline, replies: List[Any], **kwargs: Any) -> Tuple[List[Any], Any]:
     """Run the policy: answer each Try with the next reply, each Sleep by moving the clock by
     its bound (and, when the reply list says so, a hint). Return (steps seen, final outcome)."""
-    steps = policy(deadline, 0.5, **kwargs)  # type: ignore[arg-type]
+    steps = policy(deadline, 0.5, **kwargs)
     seen: List[Any] = []
     sent: Any = None
     while True:

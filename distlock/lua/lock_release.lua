@@ -12,19 +12,21 @@ local fields = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':w')
 if not fields[1] or fields[2] ~= ARGV[2] then
   return -1
 end
--- The common case, one level of a hold one level deep, needs no number parsed.
-local n = (fields[1] == '1' and not ARGV[3]) and 1 or tonumber(ARGV[3] or '1')
-if n > 0 and (fields[1] ~= '1' and n < tonumber(fields[1])) then
-  -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when that
-  -- command may use memory: HINCRBY may; PEXPIRE and DEL may not. Setting the TTL to what it
-  -- is makes the HINCRBY a later write, which Redis allows, so giving back a level never fails
-  -- for want of memory. (The `#!lua flags=allow-oom` shebang would say so directly, but needs
-  -- Redis 7 and breaks fakeredis.)
-  local pttl = redis.call('pttl', KEYS[1])
-  if pttl > 0 then
-    redis.call('pexpire', KEYS[1], pttl)
+-- A hold one level deep is given back whole, whatever the count: no number to parse.
+if fields[1] ~= '1' then
+  local n = tonumber(ARGV[3] or '1')
+  if n > 0 and n < tonumber(fields[1]) then
+    -- Out of memory (maxmemory under noeviction), Redis refuses a script's first write when
+    -- that command may use memory: HINCRBY may; PEXPIRE and DEL may not. Setting the TTL to
+    -- what it is makes the HINCRBY a later write, which Redis allows, so giving back a level
+    -- never fails for want of memory. (The `#!lua flags=allow-oom` shebang would say so
+    -- directly, but needs Redis 7 and breaks fakeredis.)
+    local pttl = redis.call('pttl', KEYS[1])
+    if pttl > 0 then
+      redis.call('pexpire', KEYS[1], pttl)
+    end
+    return redis.call('hincrby', KEYS[1], ARGV[1], -n)
   end
-  return redis.call('hincrby', KEYS[1], ARGV[1], -n)
 end
 redis.call('del', KEYS[1])
 if fields[3] then
