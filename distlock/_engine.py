@@ -66,10 +66,12 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
     deadline = Deadline(timeout)
     steps = policy(deadline, settings().wait_cap, start=start,
                    answers_hints=waiting.answers_hints, strict=waiting.strict)
-    # Subscribe before the first try: a hint sent right after it finds us listening.
-    waiter = session.join(waiting.channel, deadline.remaining(), ident=waiting.ident)
+    # Subscribe before the first try: a hint sent right after it finds us listening. ``join``
+    # leaves the queue by itself when it is interrupted; from here on, the ``finally`` does.
+    waiter = None
     granted = False
     try:
+        waiter = session.join(waiting.channel, deadline.remaining(), ident=waiting.ident)
         step: Any = next(steps)
         while True:
             if type(step) is Sleep:
@@ -94,7 +96,7 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
                 pass
         raise
     finally:
-        if session.leave(waiter, granted) and not granted:
+        if waiter is not None and session.leave(waiter, granted) and not granted:
             waiting.unregister()
     return result(waiting, outcome)
 

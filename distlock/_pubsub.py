@@ -115,15 +115,21 @@ class Dispatcher:
             send = chan.pending == 0 and not chan.confirmed.is_set() and pubsub is not None
             if send:
                 chan.pending += 1
-        if send:
-            try:
-                with self._io:
-                    pubsub.subscribe(channel_name)
-            except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
-                log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
-        if bound is None or bound > 0:
-            cap = settings().wait_cap
-            chan.confirmed.wait(cap if bound is None else min(bound, cap))
+        try:
+            if send:
+                try:
+                    with self._io:
+                        pubsub.subscribe(channel_name)
+                except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
+                    log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
+            if bound is None or bound > 0:
+                cap = settings().wait_cap
+                chan.confirmed.wait(cap if bound is None else min(bound, cap))
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, a non-Redis error) before the caller had the
+            # waiter: nobody else can take it off its queue.
+            self.leave(waiter, False)
+            raise
         return waiter
 
     def leave(self, waiter: Waiter, acquired: bool) -> bool:

@@ -163,3 +163,32 @@ def test_an_interrupted_wait_leaves_nothing_behind(
     finally:
         monkeypatch.undo()
         cleanup()
+
+
+@pytest.mark.parametrize("kind", ["DistLock", "DistEvent"])
+def test_a_wait_interrupted_while_it_subscribes_leaves_no_waiter(
+        kind: str, pair: Tuple[redis.Redis, redis.Redis], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the waiter subscribes (before the engine has it in hand): the dispatcher
+    takes it off its queue itself, so the process is not left 'waiting' for ever (its pub/sub
+    thread would never go idle, and its session never retire)."""
+    mine, theirs = pair
+    wait, primitive, cleanup = PRIMITIVES[kind](mine, theirs, f"subscribe-interrupted:{kind}")
+    session = primitive._session()
+
+    real = redis.client.PubSub.subscribe
+    me = threading.current_thread()
+
+    def interrupted(self: Any, *channels: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is me:  # not in the dispatcher's own thread
+            raise KeyboardInterrupt
+        return real(self, *channels, **kwargs)
+
+    monkeypatch.setattr(redis.client.PubSub, "subscribe", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            wait(5.0)
+        assert not session.dispatcher.busy()
+        assert all(not chan.waiters and chan.refs == 0 for chan in session.dispatcher.channels.values())
+    finally:
+        monkeypatch.undo()
+        cleanup()
