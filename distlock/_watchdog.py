@@ -140,6 +140,7 @@ class Watchdog:
             self._abandoned.append(hold)
             self._kick.set()
         elif self.holds.get((hold.key, hold.owner)) is hold:
+            # one atomic dict operation; every reader of ``holds`` iterates a snapshot
             self.holds.pop((hold.key, hold.owner), None)
 
     def registered(self, hold: Hold) -> bool:
@@ -170,34 +171,49 @@ class Watchdog:
             self._thread.start()
 
     def _idle_locked(self) -> bool:
+        # a snapshot: ``abandon`` may drop a hold from any thread without the mutex
         return not self._deferred and not self._abandoned and not any(
-            h.watchdog and not h.lost for h in self.holds.values())
+            h.watchdog and not h.lost for h in list(self.holds.values()))
 
     # --- the thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
+        me = threading.current_thread()
+        try:
+            self._run()
+        finally:
+            # However the thread ends, the next hold starts a new one.
+            with self.mutex:
+                if self._thread is me:
+                    self._thread = None
+                    if not self.closed and not self._idle_locked():
+                        self._ensure_locked()
+            self._drop_renewer()
+
+    def _run(self) -> None:
         renew_at = time.monotonic() + settings().renew_interval
         idle_since: Optional[float] = None
         while not self.closed:
-            now = time.monotonic()
-            with self.mutex:
-                if self._idle_locked():
-                    idle_since = now if idle_since is None else idle_since
-                    if now - idle_since >= IDLE_EXIT:
-                        self._thread = None
-                        break
-                else:
-                    idle_since = None
-                self._idle = idle_since is not None
-            # Look again at least every TICK, so that the thread notices its last hold is
-            # gone without the release having to wake it (that would cost every release a
-            # thread switch).
-            wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
-            self._kick.wait(max(0.0, wait))
-            self._kick.clear()
-            if self.closed:
-                break
+            # Every step is inside the ``try``: nothing may stop the watchdog.
             try:
+                now = time.monotonic()
+                with self.mutex:
+                    if self._idle_locked():
+                        idle_since = now if idle_since is None else idle_since
+                        if now - idle_since >= IDLE_EXIT:
+                            self._thread = None
+                            return
+                    else:
+                        idle_since = None
+                    self._idle = idle_since is not None
+                # Look again at least every TICK, so that the thread notices its last hold is
+                # gone without the release having to wake it (that would cost every release a
+                # thread switch).
+                wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
+                self._kick.wait(max(0.0, wait))
+                self._kick.clear()
+                if self.closed:
+                    return
                 self._run_deferred()
                 if time.monotonic() < renew_at:
                     continue  # woken for deferred work, or to check for idleness
@@ -205,9 +221,9 @@ class Watchdog:
             except BaseException:  # noqa: BLE001 - nothing may stop the watchdog
                 log.exception("distlock: watchdog error; retrying")
                 retry_after = min(1.0, settings().renew_interval)
+                time.sleep(min(TICK, retry_after))  # never a hot loop
             renew_at = time.monotonic() + (
                 retry_after if retry_after is not None else settings().renew_interval)
-        self._drop_renewer()
 
     def _give_back(self, holds: Iterable[Hold], why: str) -> None:
         for hold in holds:
@@ -243,7 +259,7 @@ class Watchdog:
         lost: a renewal that fails is never silent.
         """
         with self.mutex:
-            holds = [h for h in self.holds.values() if h.watchdog and not h.lost]
+            holds = [h for h in list(self.holds.values()) if h.watchdog and not h.lost]
         if not holds:
             return None
         lease_ms = max(1, int(settings().lease * 1000))
