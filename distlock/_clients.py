@@ -124,15 +124,16 @@ def server_key(client: Any) -> Tuple[Any, ...]:
     return tuple(parts)
 
 
-def session_client(client: Any) -> Any:
-    """The client a shareable ``client``'s session talks through (see the module's docstring):
-    one on that client's own pool, so that the process' own commands and distlock's share
-    connections, as they did before sessions were shared per server; or, when the client has
-    no socket timeout, a twin with a pool of its own (of the same kind and size) and one."""
+def session_client(client: Any) -> Tuple[Any, bool]:
+    """The client a shareable ``client``'s session talks through (see the module's docstring),
+    and whether its pool is the user's: one on that client's own pool, so that the process'
+    own commands and distlock's share connections, as they did before sessions were shared
+    per server; or, when the client has no socket timeout, a twin with a pool of its own (of
+    the same kind and size) and one."""
     pool = _pool_of(client)
     if pool.connection_kwargs.get("socket_timeout") is not None:
-        return redis.Redis(connection_pool=pool)
+        return redis.Redis(connection_pool=pool), True
     overrides: Dict[str, Any] = {"socket_timeout": DEFAULT_IO_TIMEOUT}
     if pool.connection_kwargs.get("socket_connect_timeout") is None:
         overrides["socket_connect_timeout"] = DEFAULT_IO_TIMEOUT
-    return _twin(pool, overrides, False)
+    return _twin(pool, overrides, False), False

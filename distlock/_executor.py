@@ -30,6 +30,7 @@ import threading
 from typing import Any, Callable, Dict, List, Tuple
 
 import redis
+from redis.commands.core import Script
 
 from ._scripts import locate, script_names, script_source
 
@@ -50,7 +51,9 @@ class Executor:
         """``client``: what to talk through (perhaps a weak proxy of the user's client);
         ``real``: the client itself, when ``client`` is a proxy of it."""
         self.client = client
-        self.scripts = {name: client.register_script(script_source(name)) for name in script_names()}
+        # Script objects bound to ``client`` itself: ``client.register_script`` would bind them
+        # to the object behind a weak proxy, and keep the user's client alive for ever.
+        self.scripts = {name: Script(client, script_source(name)) for name in script_names()}
         self._execute = sender(client if real is None else real, client)
         #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
         #: condition only for the rare caller that finds it empty.

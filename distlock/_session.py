@@ -61,11 +61,14 @@ WAITER_CONCURRENCY = 4
 class Session:
     """What one process shares for one server: see the module's docstring.
 
-    ``client`` is the client to talk through: the session's own (``owns`` true: it is closed
-    with the session), or a weak proxy of the user's (``user``, a weak reference to it).
+    ``client`` is the client to talk through: the session's own, or a weak proxy of the
+    user's (``user``, a weak reference to it). ``owns``: what the session does with the
+    client's pool when it is retired: ``"pool"``, a pool of its own, closed whole;
+    ``"idle"``, a user's pool it adopted, of which only the idle connections are closed (the
+    user's own commands may be using the others); ``""``, nothing (the user's client).
     """
 
-    def __init__(self, client: Any, *, owns: bool, key: Any = None,
+    def __init__(self, client: Any, *, owns: str, key: Any = None,
                  user: Optional[Callable[[], Any]] = None) -> None:
         self.client: Any = client
         self.owns = owns
@@ -142,6 +145,11 @@ class Session:
     def busy(self) -> bool:
         return bool(self.holds) or self.dispatcher.busy()
 
+    def serves(self, client: Any) -> bool:
+        """False for a session of a user's client that is gone, when ``client`` is a new one
+        that happens to have the same ``id()``."""
+        return self._user is None or self._user() is client
+
     # --- waiting ------------------------------------------------------------------------------
 
     def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
@@ -185,7 +193,7 @@ class Session:
         self.dispatcher.close(join)
         if self.owns:
             try:
-                self.client.connection_pool.disconnect()
+                self.client.connection_pool.disconnect(inuse_connections=self.owns == "pool")
             except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
 
@@ -227,11 +235,12 @@ def session_for(client: Any) -> Session:
         key = ("client", id(client))
     with _sessions_lock:
         session = _sessions.get(key)
-        if session is None or session.closed:
+        if session is None or session.closed or not session.serves(client):
             if key[0] == "server":
-                session = Session(session_client(client), owns=True, key=key)
+                own, adopted = session_client(client)
+                session = Session(own, owns="idle" if adopted else "pool", key=key)
             else:
-                session = Session(weakref.proxy(client), owns=False, key=key,
+                session = Session(weakref.proxy(client), owns="", key=key,
                                   user=weakref.ref(client))
             _sessions[key] = session
         if id(client) not in session.users:
@@ -289,9 +298,12 @@ def _retire_if_idle(session: Session) -> None:
     """Retire ``session`` unless a user client or a hold or waiter still needs it; a session
     with holds is retired after its last hold is dropped."""
     with _sessions_lock:
-        if session.users or session.busy() or _sessions.get(session.key) is not session:
+        if session.users or session.busy():
             return
-        del _sessions[session.key]
+        if _sessions.get(session.key) is session:
+            del _sessions[session.key]
+        # else a new session took its place (a new client with the old one's id()): this one
+        # is retired all the same
     session.close(join=False)
 
 

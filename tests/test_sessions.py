@@ -1,0 +1,131 @@
+"""Sessions and the user's clients (DESIGN principle 11: a session lives as long as its
+client, or as its holds and waiters; nothing outlives them; nothing of the user's is broken).
+
+- Clients that cannot share a session per server (a subclass that overrides
+  ``execute_command``, a single-connection client) get one of their own, which must not keep
+  the client alive: made per request, they leave nothing behind.
+- A new client that reuses a collected client's ``id()`` gets a session of its own, and the
+  old one is still retired.
+- Retiring a session that adopted a user's connection pool never closes a connection the
+  user's own code is using.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Any, Dict, List
+
+import pytest
+import redis
+from _support import settle
+
+from distlock import DistLock, DistRLock
+from distlock._session import all_sessions
+
+
+class _Instrumented(redis.Redis):  # type: ignore[type-arg]
+    """A user's subclass that overrides execute_command (tracing, say)."""
+
+    calls = 0
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        type(self).calls += 1
+        return super().execute_command(*args, **options)
+
+
+def _helper_threads() -> List[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("distlock-") and t.is_alive()]
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["subclass", "single-connection"])
+def test_per_request_clients_of_their_own_session_leave_nothing(url: str, client: Any, kind: str) -> None:
+    """Such a session talks through its client without keeping it alive (its scripts are
+    bound to a weak proxy): 100 per-request clients leave no session, no thread and no server
+    connection behind once they are gone."""
+    before_threads = set(_helper_threads())
+    before_conns = len(client.client_list())
+    before_sessions = len(list(all_sessions()))
+    for i in range(100):
+        if kind == "subclass":
+            per_request: Any = _Instrumented.from_url(url)
+        else:
+            per_request = redis.Redis.from_url(url, single_connection_client=True)
+        lock = DistRLock(f"own-session:{i % 10}", client=per_request)
+        with lock:
+            assert lock.owned()
+        per_request.close()  # a no-op signal for distlock; it frees the single connection
+        del lock, per_request
+    gc.collect()
+
+    def clean() -> bool:
+        return (len(list(all_sessions())) <= before_sessions
+                and set(_helper_threads()) <= before_threads
+                and len(client.client_list()) <= before_conns)
+
+    assert settle(clean, 10.0), (
+        f"left behind: {len(list(all_sessions())) - before_sessions} sessions, threads "
+        f"{set(_helper_threads()) - before_threads}, {len(client.client_list())} connections "
+        f"(before: {before_conns})")
+
+
+@pytest.mark.real_redis
+def test_a_subclass_client_is_still_driven_through_its_own_execute_command(url: str, client: Any) -> None:
+    """Its override is the user's choice: distlock's reads go through it."""
+    subclass = _Instrumented.from_url(url)
+    _Instrumented.calls = 0
+    lock = DistLock("own-session:override", client=subclass)
+    with lock:
+        assert lock.locked()
+    assert _Instrumented.calls >= 1
+
+
+@pytest.mark.real_redis
+def test_a_reused_client_id_gets_a_live_session(url: str, client: Any) -> None:
+    """A client collected and a new one allocated at the same address (the same ``id()``):
+    the new one must not be handed the old one's session, whose weak proxy is dead."""
+    ids: Dict[int, int] = {}
+    for i in range(200):
+        per_request = _Instrumented.from_url(url)
+        ids[id(per_request)] = ids.get(id(per_request), 0) + 1
+        with DistLock(f"reuse:{i % 5}", client=per_request):
+            pass
+        del per_request
+        gc.collect()
+    assert max(ids.values()) > 1, "no id() was reused: the test proved nothing"
+
+
+@pytest.mark.real_redis
+def test_retiring_a_session_never_closes_the_users_busy_connections(url: str, client: Any) -> None:
+    """A session on a client with a socket timeout talks through that client's own pool.
+    When the session is retired (its clients gone), it closes the pool's idle connections
+    only: a blocking command the user's own code runs on the same pool meanwhile completes."""
+    pool = redis.ConnectionPool.from_url(url, socket_timeout=10)  # an app's global pool
+    results: Dict[str, Any] = {}
+    started = threading.Event()
+
+    def app_work() -> None:
+        app = redis.Redis(connection_pool=pool)
+        started.set()
+        try:
+            results["reply"] = app.blpop(["sessions:queue"], timeout=3)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            results["error"] = exc
+
+    def request() -> None:
+        per_request = redis.Redis(connection_pool=pool)
+        with DistLock("sessions:pool", client=per_request):
+            pass
+
+    request()
+    thread = threading.Thread(target=app_work)
+    thread.start()
+    started.wait(5)
+    gc.collect()  # the request's client is gone: its session retires within about a second
+    thread.join(10)
+    assert not thread.is_alive()
+    assert results == {"reply": None}, results
+    assert settle(lambda: not any(s.client.connection_pool is pool for s in all_sessions()
+                                  if not s.closed), 10.0)
+    pool.disconnect()
