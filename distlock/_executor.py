@@ -6,10 +6,11 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
   reply was lost may have run, and running it again could take a second hold, release twice,
   or report a release as a lost lease; the caller learns the outcome by reading state (DESIGN
   principle 13). Scripts go out on the direct path below, which has no retries, for every
-  client it can drive: a plain client, a Sentinel client (its pool hands out the master's
-  connections), a single-connection client. Only a client that overrides ``execute_command``
-  (and fakeredis, which has no network) is driven through its own ``execute_command``: what
-  it does there, retries included, is its own choice. NOSCRIPT (a restarted server, SCRIPT
+  client on a redis-py connection pool: a plain client, a Sentinel client (its pool hands out
+  the master's connections), a single-connection client, and a subclass that overrides
+  ``execute_command`` (its override sees distlock's reads, not its scripts: an override that
+  retries would send a state change twice). Only fakeredis, which has no network and so no
+  lost replies, is driven through its ``execute_command``. NOSCRIPT (a restarted server, SCRIPT
   FLUSH) means the script did not run: it is loaded and sent again. A Redis error names the
   script's file and line (see ``_scripts.locate``).
 - ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, ZSCORE, DEL of a flag,
@@ -167,25 +168,24 @@ def _located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions
 def sender(client: Any, via: Any) -> Callable[..., Any]:
     """A function that sends one command and returns its reply, never retrying.
 
-    For a client that does not override ``execute_command`` and has no reply callback for
-    EVALSHA: it takes a connection (the client's single one under its lock, or one from its
-    pool), sends, reads the reply and gives the connection back. That also skips
+    For a client on a redis-py connection pool (or a single connection), whatever its class:
+    it takes a connection (the client's single one under its lock, or one from its pool),
+    sends, reads the raw reply and gives the connection back. That also skips
     ``execute_command``'s per-call wrapper (retry closure, telemetry hooks), which on a slow
     machine costs as much as the server's work on a small script. A connection that went stale
     while idle (a server restart) is still replaced when it is taken from the pool, as redis-py
-    does. Anything else: ``via.execute_command``, looked up on every call.
+    does. Anything else (fakeredis): ``via.execute_command``, looked up on every call.
 
     Keeps no reference to ``client`` itself: ``via`` may be a weak proxy of it, so that a
     session does not keep its user's client alive.
     """
     kind = type(client)
-    plain = (kind.execute_command is redis.Redis.execute_command
-             and "EVALSHA" not in getattr(client, "response_callbacks", {}))
     single = getattr(client, "connection", None)
     pool = getattr(client, "connection_pool", None)
-    if plain and single is not None:
+    networked = isinstance(client, redis.Redis) and not kind.__module__.startswith("fakeredis")
+    if networked and single is not None:
         return _pooled(_OneConnection(single, client.single_connection_lock))
-    if not plain or not isinstance(pool, redis.ConnectionPool) or kind.__module__.startswith("fakeredis"):
+    if not networked or not isinstance(pool, redis.ConnectionPool):
         def through(*args: Any) -> Any:
             return via.execute_command(*args)
         return through

@@ -38,7 +38,14 @@ def _evalsha_calls(admin: redis.Redis) -> int:
     return int(stats.get("calls", 0))
 
 
-@pytest.fixture(params=["pooled", "single-connection"])
+class _Overrides(redis.Redis):  # type: ignore[type-arg]
+    """A user's subclass that overrides execute_command and so keeps redis-py's retries."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        return super().execute_command(*args, **options)
+
+
+@pytest.fixture(params=["pooled", "single-connection", "subclass"])
 def flaky(request: pytest.FixtureRequest, backend: Any) -> Iterator[redis.Redis]:
     if not backend.real:
         pytest.skip("needs a real redis-server (INFO commandstats)")
@@ -46,8 +53,8 @@ def flaky(request: pytest.FixtureRequest, backend: Any) -> Iterator[redis.Redis]
     # Connections that retry, as redis-py's clients made from a URL or host do by default.
     pool = redis.ConnectionPool(host=kwargs["host"], port=kwargs["port"], socket_timeout=5,
                                 connection_class=_LosesOneReply, retry=Retry(NoBackoff(), 3))
-    client = redis.Redis(connection_pool=pool,
-                         single_connection_client=request.param == "single-connection")
+    kind = _Overrides if request.param == "subclass" else redis.Redis
+    client = kind(connection_pool=pool, single_connection_client=request.param == "single-connection")
     yield client
     _LosesOneReply.armed = False
     client.close()
