@@ -150,7 +150,25 @@ class _LockBase(SessionUser):
             args += (mode, count, waiter.channel.name, registry_lease_ms(settings().wait_cap), others)
         elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
-        return int(session.run("lock_acquire", (keys.lock, keys.fence, keys.queue), args))
+        try:
+            return int(session.run("lock_acquire", (keys.lock, keys.fence, keys.queue), args))
+        except (redis.ConnectionError, redis.TimeoutError):
+            if mode in ("", "w", "p"):
+                self._undo_lost_grant(session, owner)
+            raise
+
+    def _undo_lost_grant(self, session: Session, owner: str) -> None:
+        """The reply of a try for a new hold was lost, and the try may have run (it is never
+        sent again: DESIGN principle 13). Read what happened; if the hold was granted, give
+        it back, since the caller is told the acquire failed. If the server cannot be reached
+        now either, a grant that did happen ends with its lease."""
+        keys = self._keys
+        try:
+            count, token = session.read("HMGET", keys.lock, owner, ":t")
+            if count is not None and token is not None:
+                session.run("lock_release", (keys.lock, keys.queue), (owner, token, 0))
+        except redis.RedisError:
+            pass
 
     def _unregister(self, session: Session, channel: str) -> None:
         """The process' last waiter left without the lock: leave the registry, so that no
