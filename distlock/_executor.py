@@ -15,13 +15,16 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
   script's file and line (see ``_scripts.locate``).
 - ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, ZSCORE, DEL of a flag,
   ZREM of our own entry, TIME); it goes through the client, retries and all.
-- ``batch(client)``: a pipeline of scripts and commands in one round trip (the watchdog's
-  renewals, a reader's look at its hold), on ``client`` (the watchdog's own connection) or on
-  the executor's. Renewals are safe to repeat.
+- ``batch()``: a pipeline of scripts and commands in one round trip (a reader's look at its
+  hold) on the executor's connections; ``renewal_batch()``: the same on the watchdog's own
+  connection (``_clients.renewer``: not from the user's pool, bounded by the renew interval,
+  no hidden retries). Renewals are safe to repeat.
+- ``pubsub()``: a new pub/sub connection, for the session's dispatcher.
 
-This is the standalone executor. Cluster, Redlock and asyncio executors plug in behind the
-same three methods: a Cluster executor routes by the keys' slot and follows MOVED, ASK and
-TRYAGAIN (the script did not run), and groups a batch per node.
+This is the standalone executor, and ``executor_for`` is the one place that picks an executor
+for a client: Cluster, Redlock and asyncio executors plug in there, behind the same methods. A
+Cluster executor routes by the keys' slot and follows MOVED, ASK and TRYAGAIN (the script did
+not run), groups a renewal batch per node and subscribes per node.
 """
 
 from __future__ import annotations
@@ -33,9 +36,11 @@ from typing import Any, Callable, Dict, List, Tuple
 import redis
 from redis.commands.core import Script
 
+from ._clients import renewer
+from ._config import settings
 from ._scripts import locate, script_names, script_source
 
-__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "sender"]
+__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "executor_for", "sender"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
 #: plus the pub/sub and watchdog ones).
@@ -43,6 +48,15 @@ SCRIPT_CONCURRENCY = 4
 
 #: How many times ``run`` loads a script again after NOSCRIPT before it gives up.
 _NOSCRIPT_TRIES = 3
+
+
+def executor_for(client: Any, real: Any = None) -> Executor:
+    """The executor for ``client`` (perhaps a weak proxy of the user's client ``real``).
+
+    Every client is a standalone one so far (a plain client, a Sentinel client: its pool
+    follows the master). The topologies still to come (Cluster, a Redlock list, asyncio
+    clients) are told apart here, and nowhere else."""
+    return Executor(client, real)
 
 
 class Executor:
@@ -61,6 +75,7 @@ class Executor:
         self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
         self._gate_cond = threading.Condition(threading.Lock())
         self._gate_waiting = 0
+        self._renewer: Any = None  # (renew interval, client), made on the first renewal
 
     def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
         """Run script ``name`` as one EVALSHA and return its reply (see the module's docstring).
@@ -112,9 +127,31 @@ class Executor:
         """One command that is safe to repeat (see the module's docstring)."""
         return self.client.execute_command(*command)
 
-    def batch(self, client: Any = None) -> Batch:
-        """A pipeline on ``client`` (default: the executor's own)."""
-        return Batch(self.scripts, self.client if client is None else client)
+    def batch(self) -> Batch:
+        """A pipeline on the executor's own connections."""
+        return Batch(self.scripts, self.client)
+
+    def renewal_batch(self) -> Batch:
+        """A pipeline on the watchdog's own connection (see the module's docstring); it is
+        remade when configure() changed the renew interval. Called from one thread only."""
+        interval = settings().renew_interval
+        current = self._renewer
+        if current is None or current[0] != interval:
+            twin = renewer(self.client, interval)
+            self._renewer = (interval, self.client if twin is None else twin)
+            if current is not None and current[1] is not self.client:
+                _disconnect(current[1])
+        return Batch(self.scripts, self._renewer[1])
+
+    def drop_renewal(self) -> None:
+        """Close the watchdog's own connection (it is made again when needed)."""
+        current, self._renewer = self._renewer, None
+        if current is not None and current[1] is not self.client:
+            _disconnect(current[1])
+
+    def pubsub(self) -> Any:
+        """A new pub/sub connection (redis-py's PubSub) for the session's dispatcher."""
+        return self.client.pubsub()
 
 
 class Batch:
@@ -150,6 +187,13 @@ class Batch:
                 if isinstance(reply, Exception):
                     raise reply
         return replies
+
+
+def _disconnect(client: Any) -> None:
+    try:
+        client.connection_pool.disconnect()
+    except Exception:  # noqa: BLE001 - it is being thrown away
+        pass
 
 
 def _located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:

@@ -73,12 +73,13 @@ class Channel:
 class Dispatcher:
     """Channels, their waiters, and the thread that reads the pub/sub connection.
 
-    ``client`` is called for the client to open the pub/sub connection with (each time one is
-    opened: after a failure, or when the thread starts again after it had exited idle).
+    ``executor`` is called for the executor whose ``pubsub()`` opens the pub/sub connection
+    (each time one is opened: after a failure, or when the thread starts again after it had
+    exited idle).
     """
 
-    def __init__(self, client: Callable[[], Any], tag: str) -> None:
-        self._client = client
+    def __init__(self, executor: Callable[[], Any], tag: str) -> None:
+        self._executor = executor
         self._tag = tag
         self.mutex = threading.Lock()
         #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
@@ -203,7 +204,7 @@ class Dispatcher:
     # --- the thread ---------------------------------------------------------------------------
 
     def _connect_locked(self) -> None:
-        self._pubsub = self._client().pubsub()
+        self._pubsub = self._executor().pubsub()
         for chan in self.channels.values():
             chan.was_up = chan.was_up or chan.confirmed.is_set()
             chan.confirmed.clear()

@@ -45,7 +45,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set
 
 from ._clients import server_key, session_client, shareable
 from ._config import ClientArg, resolve_client
-from ._executor import Executor
+from ._executor import executor_for
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
 from ._watchdog import RENEW_ENDED, Hold, Watchdog
 
@@ -80,7 +80,7 @@ class Session:
         self.closed = False
         #: ids of the user clients alive that resolve to this session (see ``session_for``)
         self.users: Set[int] = set()
-        self.executor = Executor(client, None if user is None else user())
+        self.executor = executor_for(client, None if user is None else user())
         #: every script goes through the executor (see ``_executor``); bound once, here, so
         #: the hot path pays no extra call
         self.run = self.executor.run
@@ -95,7 +95,7 @@ class Session:
             session = me()
             if session is None:
                 raise RuntimeError("distlock: the session was retired")
-            return session.client
+            return session.executor
 
         def lost(hold: Hold) -> None:
             session = me()
@@ -103,7 +103,7 @@ class Session:
                 session.mark_lost(hold)
 
         tag = self.id[:8]
-        self.watchdog = Watchdog(source, self.executor.scripts, tag, lost)
+        self.watchdog = Watchdog(source, tag, lost)
         self.dispatcher = Dispatcher(source, tag)
         #: the registry of holds, keyed by (key, owner); shared with the watchdog
         self.holds = self.watchdog.holds

@@ -19,9 +19,7 @@ import time
 import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
-from ._clients import renewer
 from ._config import settings
-from ._executor import Batch
 
 __all__ = ["Hold", "Watchdog", "RENEW_ENDED", "IDLE_EXIT"]
 
@@ -90,14 +88,13 @@ class Hold:
 class Watchdog:
     """The registry of a session's holds and the thread that renews the watchdog ones.
 
-    ``client`` is called for the client to renew through; ``on_lost(hold)`` reports a hold
-    found lost (the session tells the primitives).
+    ``executor`` is called for the executor to renew through (its ``renewal_batch``);
+    ``on_lost(hold)`` reports a hold found lost (the session tells the primitives).
     """
 
-    def __init__(self, client: Callable[[], Any], scripts: Dict[str, Any], tag: str,
+    def __init__(self, executor: Callable[[], Any], tag: str,
                  on_lost: Callable[[Hold], None]) -> None:
-        self._client = client
-        self._scripts = scripts
+        self._executor = executor
         self._tag = tag
         self._on_lost = on_lost
         self.mutex = threading.Lock()
@@ -107,7 +104,6 @@ class Watchdog:
         #: clean-up round trips that must not delay the caller (see ``defer``)
         self._deferred: Deque[Callable[[], object]] = collections.deque()
         self._abandoned: Deque[Hold] = collections.deque()  # see ``abandon``
-        self._renewer: Any = None  # (renew interval, twin), made on first renewal
         self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
         self.closed = False
 
@@ -267,7 +263,7 @@ class Watchdog:
         sent_at = time.monotonic()
         failed = False
         try:
-            batch = Batch(self._scripts, self._renewal_client())
+            batch = self._executor().renewal_batch()
             queued = []
             for hold in holds:
                 try:
@@ -304,26 +300,11 @@ class Watchdog:
             if now >= hold.expires_at:
                 self._on_lost(hold)
 
-    def _renewal_client(self) -> Any:
-        """The watchdog's own connection (see ``_clients.renewer``): not from the user's pool,
-        and bounded by the renew interval. Remade when configure() changed that interval."""
-        interval = settings().renew_interval
-        current = self._renewer
-        if current is not None and current[0] == interval:
-            return current[1]
-        client = self._client()
-        twin = renewer(client, interval)
-        if twin is None:
-            return client
-        self._renewer = (interval, twin)
-        if current is not None:
-            _disconnect(current[1])
-        return twin
-
     def _drop_renewer(self) -> None:
-        current, self._renewer = self._renewer, None
-        if current is not None:
-            _disconnect(current[1])
+        try:
+            self._executor().drop_renewal()
+        except Exception:  # noqa: BLE001 - the session is gone: so is its connection
+            pass
 
     def close(self, join: bool) -> None:
         self.closed = True
@@ -332,10 +313,3 @@ class Watchdog:
         if join and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=3.0)
         self._drop_renewer()
-
-
-def _disconnect(client: Any) -> None:
-    try:
-        client.connection_pool.disconnect()
-    except Exception:  # noqa: BLE001 - it is being thrown away
-        pass
