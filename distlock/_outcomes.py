@@ -29,7 +29,7 @@ from ._synclogic import BAR_BROKEN, BAR_PENDING, BAR_TRIPPED, EV_EXPIRED, EV_SET
 __all__ = [
     "Granted", "Busy", "Pending", "Done", "Failed", "Released", "LOST", "TIMED_OUT", "NAMED",
     "Outcome", "FINAL", "lock_acquire", "lock_reenter", "lock_release", "holder_bound", "sem_acquire",
-    "REJOIN", "event_wait", "barrier_poll", "cond_leave",
+    "REJOIN", "event_wait", "barrier_poll", "cond_leave", "RENEWED", "ENDED", "renewal",
 ]
 
 
@@ -159,6 +159,23 @@ def sem_acquire(reply: int) -> Union[Granted, Busy]:
     if reply > 0:
         return Granted(reply)
     return Busy(holder_bound(reply))
+
+
+# --- the watchdog's renewals ------------------------------------------------------------------
+
+#: a renewal extended the hold
+RENEWED = _Marker("RENEWED")
+#: the hold ended without a loss (a semaphore permit released on its owner's behalf): forget it
+ENDED = _Marker("ENDED")
+
+
+def renewal(reply: Any) -> _Marker:
+    """Every renewal script (``lock_renew``, ``rw_read_renew``, ``sem_renew``, ``cond_renew``,
+    ``bar_renew``): 1 renewed, 2 ended without a loss, anything else: the hold is gone or
+    someone else's (``LOST``)."""
+    if reply == 1:
+        return RENEWED
+    return ENDED if reply == 2 else LOST
 
 
 # --- the waiting primitives' replies ---------------------------------------------------------

@@ -28,7 +28,7 @@ from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, wait
 from ._errors import LockLostError
 from ._logic import check_lease, check_name, lease_ms
-from ._outcomes import Granted, Outcome
+from ._outcomes import RENEWED, Granted, Outcome, renewal
 from ._outcomes import sem_acquire as decode_acquire
 from ._session import Hold, Session, SessionUser
 from ._synclogic import (
@@ -288,7 +288,7 @@ class DistSemaphore(SessionUser):
         while it is still ours, and then released well inside its fresh lease."""
         session = hold.session
         ms = lease_ms(settings().lease)
-        if int(session.run("sem_renew", self._keys.renew, (hold.owner, ms))) == 1:
+        if renewal(session.run("sem_renew", self._keys.renew, (hold.owner, ms))) is RENEWED:
             session.run("sem_release", self._keys.release,
                         (self._initial, "1" if self._bounded else "0", 1, hold.owner))
 

@@ -47,9 +47,9 @@ from ._clients import server_key, session_client, shareable
 from ._config import ClientArg, resolve_client
 from ._executor import executor_for
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
-from ._watchdog import RENEW_ENDED, Hold, Watchdog
+from ._watchdog import Hold, Watchdog
 
-__all__ = ["Session", "SessionUser", "Hold", "Waiter", "RENEW_ENDED", "session_for", "wake_count",
+__all__ = ["Session", "SessionUser", "Hold", "Waiter", "session_for", "wake_count",
            "wake_idents", "all_sessions", "reset_sessions"]
 
 log = logging.getLogger("distlock")

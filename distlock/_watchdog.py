@@ -20,15 +20,11 @@ import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from ._config import settings
+from ._outcomes import ENDED, RENEWED, renewal
 
-__all__ = ["Hold", "Watchdog", "RENEW_ENDED", "IDLE_EXIT"]
+__all__ = ["Hold", "Watchdog", "IDLE_EXIT"]
 
 log = logging.getLogger("distlock")
-
-#: A renewal's reply meaning "this hold ended, and nothing was lost": the watchdog forgets it
-#: quietly (1 means renewed; anything else, lost). A semaphore permit that another process
-#: released on its owner's behalf ends so.
-RENEW_ENDED = 2
 
 #: How long the watchdog thread stays with nothing to renew or run before it exits, and how
 #: often it looks (seconds): together well inside the 1 s that CPython's test harness gives the
@@ -284,10 +280,12 @@ class Watchdog:
                 log.warning("distlock: watchdog renewal of %s failed: %r", hold.key, reply)
                 failed = True
                 self._expire([hold])
-            elif reply == 1:
+                continue
+            outcome = renewal(reply)
+            if outcome is RENEWED:
                 hold.lease_ms = lease_ms
                 hold.expires_at = sent_at + lease_ms / 1000.0
-            elif reply == RENEW_ENDED:
+            elif outcome is ENDED:
                 self.drop(hold)  # ended without a loss (a permit released on our behalf)
             elif not hold.releasing and self.registered(hold):
                 self._on_lost(hold)

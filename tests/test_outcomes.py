@@ -183,3 +183,12 @@ def test_failed_ends_the_wait_and_a_non_outcome_is_refused() -> None:
     assert isinstance(final, oc.Failed) and final.error is error
     with pytest.raises(TypeError):
         drive(FakeDeadline(5.0), [42])
+
+
+def test_renewal_replies() -> None:
+    """Every renewal script answers 1 (renewed), 2 (ended without a loss) or anything else
+    (lost); the watchdog reads them only through this decoder."""
+    assert oc.renewal(1) is oc.RENEWED
+    assert oc.renewal(2) is oc.ENDED
+    for reply in (0, -1, None):
+        assert oc.renewal(reply) is oc.LOST
