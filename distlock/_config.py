@@ -35,8 +35,8 @@ class Settings:
       tries again, whatever pub/sub says (3 s). Other waiters of the same lock in the same
       process sleep at most ``wait_cap * queue_cap_factor``.
     - ``fence_retention``: how long a name's fencing-token counter outlives its last hold, at
-      least, in seconds (3600; at most one lease more); 0: it lives as long as the hold's
-      lease. See docs/safety.rst.
+      least, in seconds (3600; at most one lease more); 0: it lives at most as long as the
+      last hold's lease (a release does not shorten it). See docs/safety.rst.
     """
 
     prefix: str = "distlock:"

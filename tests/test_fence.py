@@ -82,6 +82,36 @@ def test_a_renewed_hold_keeps_its_counter(client: Any, kind: str) -> None:
     assert settle(lambda: not client.keys(f"distlock:{{{name}}}*"), 10.0)
 
 
+def _hold_key(kind: str, name: str) -> str:
+    if kind in ("DistLock", "DistRLock"):
+        return f"distlock:{{{name}}}"
+    rw = RWKeys.of("distlock:", name)
+    return rw.readers if kind == "read" else rw.writer
+
+
+@pytest.mark.parametrize("retention", [0, 2.0])
+@pytest.mark.parametrize("kind", ["DistRLock", "read", "write"])
+def test_a_reentry_that_extends_the_lease_extends_the_counter(
+        client: Any, kind: str, retention: float) -> None:
+    """A re-entry with a longer lease extends the hold, and the counter with it, as a renewal
+    does: the counter never goes while the hold lives."""
+    distlock.configure(fence_retention=retention)
+    name = f"fence-reenter-{kind}-{retention}"
+    lock = make(kind, name, client, lease=1.0)
+    assert lock.acquire(blocking=False)
+    try:
+        assert lock.try_lock(lease=60.0)  # a re-entry: same token, a 60 s lease
+        pipe = client.pipeline(transaction=False)
+        pipe.pttl(f"distlock:{{{name}}}:fence")
+        pipe.pttl(_hold_key(kind, name))
+        fence, hold = pipe.execute()
+        assert hold > 50000
+        assert fence >= hold + retention * 1000, (fence, hold)
+    finally:
+        lock.release()
+        lock.release()
+
+
 @pytest.mark.parametrize("value, error", [
     (-1, ValueError), (math.nan, ValueError), (math.inf, ValueError), ("1", TypeError),
     (True, TypeError), (None, None),
@@ -130,32 +160,77 @@ def test_a_previous_release_and_this_one_exclude_each_other(url: str, client: An
 
 
 @pytest.mark.real_redis
-def test_read_holds_of_a_previous_release_and_this_one_exclude_writers_of_both(
+def test_readers_and_writers_of_a_previous_release_and_this_one_exclude_each_other(
         url: str, client: Any) -> None:
-    """A rolling upgrade of a read/write lock: a read hold's member gained its holder's
-    ``@host:pid`` (for ``distlock status``), and every script counts readers by their
-    deadlines, not their spelling, so readers of either release keep writers of either out,
-    and ``status`` reads both spellings."""
-    read_acquire, write_acquire = _previous("rw_read_acquire"), _previous("rw_write_acquire")
+    """A rolling upgrade of a read/write lock, against the previous release's (b49bc5c) own
+    scripts called with its own ARGV (tests/compat/prev_rw_*.lua): its read ARGV had no fence
+    TTL and its members no ``@host:pid``, its write ARGV no fence TTL. Every script counts
+    readers by their deadlines, not their spelling, so each release's writers exclude the
+    other's readers and writers, and its readers the other's writers; tokens keep growing
+    across both; and ``status`` reads both spellings of a reader."""
+    read_acquire, read_release = _previous("rw_read_acquire"), _previous("rw_read_release")
+    write_acquire, write_release = _previous("rw_write_acquire"), _previous("rw_write_release")
     rw = RWKeys.of("distlock:", "rw-upgrade")
     keys = (rw.writer, rw.readers, rw.queue, rw.fence)
-    new = DistReadWriteLock("rw-upgrade", client=client)
 
-    old_token = int(client.eval(read_acquire, 4, *keys, "old:1", 30000, 60000))
-    assert old_token > 0
-    assert not new.write_lock().acquire(blocking=False)  # the old reader keeps the new writer out
-    assert new.read_lock().acquire(blocking=False)  # readers share, whatever their release
+    def old_read(owner: str) -> int:  # b49bc5c: (owner, lease ms[, re-entry token])
+        return int(client.eval(read_acquire, 4, *keys, owner, 30000))
+
+    def old_read_release(owner: str, token: int) -> int:  # (member '<owner>#<token>'[, depth])
+        return int(client.eval(read_release, 3, rw.readers, rw.queue, rw.writer_channel,
+                               f"{owner}#{token}"))
+
+    def old_write(owner: str) -> int:  # b49bc5c: (owner, lease ms, info[, mode, ...])
+        return int(client.eval(write_acquire, 4, *keys, owner, 30000, "h:2"))
+
+    def old_write_release(owner: str, token: int) -> int:  # (owner, token[, count])
+        return int(client.eval(write_release, 4, rw.writer, rw.queue, rw.writer_channel,
+                               rw.reader_channel, owner, token))
+
+    new = DistReadWriteLock("rw-upgrade", client=client)
+    reader, writer = new.read_lock(), new.write_lock()
+    tokens: List[int] = []
+
+    # an old reader keeps writers of both releases out, and shares with a new reader
+    tokens.append(old_read("old:1"))
+    assert tokens[-1] > 0
+    assert not writer.acquire(blocking=False)
+    assert reader.acquire(blocking=False)  # readers share, whatever their release
+    tokens.append(reader.token)
     (state,) = _status(url, "rw-upgrade")
     where = sorted((o["token"], o["host"], o["pid"]) for o in state["owners"])
-    assert where == [(old_token, None, None), (new.read_lock().token, socket.gethostname(), os.getpid())]
-    client.zrem(rw.readers, f"old:1#{old_token}")  # the old reader leaves
-    # the new reader keeps an old writer out
-    assert int(client.eval(write_acquire, 4, *keys, "old:2", 30000, 60000, "h:2")) < 0
-    new.read_lock().release()
-    assert int(client.eval(write_acquire, 4, *keys, "old:2", 30000, 60000, "h:2")) > old_token
-    client.delete(rw.writer)
-    assert new.read_lock().acquire(blocking=False)
-    new.read_lock().release()
+    assert where == [(tokens[0], None, None), (tokens[1], socket.gethostname(), os.getpid())]
+    assert old_read_release("old:1", tokens[0]) == 0  # the old reader leaves
+    assert old_write("old:2") < 0  # the new reader keeps an old writer out
+    reader.release()
+
+    # an old writer keeps readers and writers of both releases out
+    tokens.append(old_write("old:2"))
+    assert tokens[-1] > 0
+    assert not reader.acquire(blocking=False)
+    assert not writer.acquire(blocking=False)
+    assert old_read("old:3") < 0
+    assert old_write("old:4") < 0
+    assert old_write_release("old:2", tokens[-1]) == 0
+
+    # a new writer keeps readers and writers of both releases out
+    assert writer.acquire(blocking=False)
+    tokens.append(writer.token)
+    assert old_read("old:3") < 0
+    assert old_write("old:4") < 0
+    writer.release()
+
+    # free again: an old reader, then a new reader and a new writer in turn
+    tokens.append(old_read("old:3"))
+    assert old_read_release("old:3", tokens[-1]) == 0
+    assert reader.acquire(blocking=False)
+    tokens.append(reader.token)
+    reader.release()
+    assert writer.acquire(blocking=False)
+    tokens.append(writer.token)
+    writer.release()
+    assert tokens == sorted(set(tokens)) and tokens[0] > 0, tokens
+    assert not client.exists(rw.writer, rw.readers, rw.queue)
 
 
 def _status(url: str, name: str) -> Any:

@@ -56,7 +56,8 @@ local function next_token(fence_key, ttl)
 end
 
 --@ helper outlive_fence
--- outlive_fence(fence_key, ttl): a renewal's share: the counter lives at least `ttl` ms more.
+-- outlive_fence(fence_key, ttl): a renewal's share, and that of a re-entry that extends its
+-- hold: the counter lives at least `ttl` ms more.
 local function outlive_fence(fence_key, ttl)
   if redis.call('pttl', fence_key) < tonumber(ttl) then
     redis.call('pexpire', fence_key, ttl)

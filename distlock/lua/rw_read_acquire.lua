@@ -5,7 +5,8 @@
 -- KEYS[4]  fence: last token granted for this name
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
--- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token)
+-- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
+--          that extends the hold extends the counter to at least this (outlive_fence)
 -- ARGV[4]  absent (or '') for a new hold; for a re-entry, the token of the hold the caller
 --          believes it has
 -- ARGV[5]  the holder's 'host:pid', kept in its member for `distlock status` (absent, from
@@ -17,7 +18,7 @@
 --          writer's release will then wake the readers) or a writer is waiting (bound = ms
 --          until the earliest live queue entry runs out).
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
---@ uses next_token held_reply
+--@ uses next_token outlive_fence held_reply
 local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
 local info = (ARGV[5] and ARGV[5] ~= '') and ('@' .. ARGV[5]) or ''
 local t = redis.call('time')
@@ -38,6 +39,9 @@ if reentry ~= '' then
     return 0
   end
   keep(member, math.max(deadline, now + lease))
+  if now + lease > deadline then
+    outlive_fence(KEYS[4], ARGV[3])  -- the counter outlives the longer hold, as on a renewal
+  end
   return tonumber(reentry)
 end
 
