@@ -1,6 +1,10 @@
--- The assembled rw_read_acquire script of the release before Core v2 (distlock 82ce1ae), kept to test that
+-- The assembled rw_read_acquire script of the previous release (distlock b49bc5c), kept to test that
 -- a process of that release and one of this release exclude each other on the same name.
---@ helper fmt
+-- Produced with that release's own loader, distlock._scripts.script_source('rw_read_acquire'),
+-- imported from `git archive b49bc5c`: the text it sends to Redis, with this header added.
+-- Shared by every script: each script gets the helpers it uses (see distlock/_scripts.py) in
+-- front of it when the scripts are loaded, so that it stays one EVALSHA and one round trip.
+
 -- fmt(x): a whole number (|x| < 2^53, as every caller passes) as Redis should get it: Lua's
 -- default format would write a large one with an exponent. C's '%d' is half the cost of '%.0f'
 -- but formats a C long, which may be 32 bits: larger numbers go in two parts of 9 digits or
@@ -16,7 +20,7 @@ local function fmt(x)
   local high = math.floor(x / 1000000000)
   return string.format('%s%d%09d', sign, high, x - high * 1000000000)
 end
---@ helper next_token uses fmt
+
 -- next_token(fence_key): the next fencing token of a name, strictly greater than every
 -- token granted before, also after a restart of a server that kept nothing.
 -- The counter is one INCR. When INCR finds no counter (the name's first grant, or the server
@@ -24,20 +28,16 @@ end
 -- at 1. Earlier tokens can't be above that: each started from an earlier clock reading and grew
 -- by one per grant, and grants (script runs, one at a time) take well over a microsecond each.
 -- Tokens stay below 2^53, exact in Lua's doubles; the clock is stored with fmt (above).
--- The counter lives `ttl` ms from this grant: the grant's lease plus the fence retention, so
--- that it outlives the hold by the retention (renewals extend it alike) and then goes.
-local function next_token(fence_key, ttl)
+local function next_token(fence_key)
   local token = redis.call('incr', fence_key)
   if token == 1 then
     local now = redis.call('time')
     token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('set', fence_key, fmt(token), 'px', ttl)
-  else
-    redis.call('pexpire', fence_key, ttl)
+    redis.call('set', fence_key, fmt(token))
   end
   return token
 end
---@ helper held_reply
+
 -- held_reply(key, pttl): the reply "someone else holds it": -(pttl + 1), where pttl is the
 -- holder's remaining lease in ms (read here unless the caller already has it), 0 when unknown
 -- (no expiry). Always <= -1. A lease about to run out (PTTL 0: under 1 ms left) is reported
@@ -55,8 +55,7 @@ end
 -- KEYS[4]  fence: last token granted for this name
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
--- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token)
--- ARGV[4]  absent (or '') for a new hold; for a re-entry, the token of the hold the caller
+-- ARGV[3]  absent (or '') for a new hold; for a re-entry, the token of the hold the caller
 --          believes it has
 -- return   token (> 0) when granted or re-entered (the reentrancy depth is the caller's to keep);
 --          0 when the re-entered hold is gone or its lease ran out (the caller's lease is lost;
@@ -65,8 +64,7 @@ end
 --          writer's release will then wake the readers) or a writer is waiting (bound = ms
 --          until the earliest live queue entry runs out).
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
---@ uses next_token held_reply
-local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
+local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[3] or ''
 local t = redis.call('time')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -102,6 +100,7 @@ else
   end
 end
 
-local token = next_token(KEYS[4], tonumber(ARGV[3]))
+local token = next_token(KEYS[4])
 keep(owner .. '#' .. string.format('%.0f', token), now + lease)
 return token
+
