@@ -81,8 +81,9 @@ class DistEvent(SessionUser):
 
     def clear(self) -> None:
         """Reset the event: ``wait()`` blocks again until the next ``set()``. Waiters that a
-        ``set()`` already picked still return True. One round trip."""
-        self._session().read("DEL", self._keys.flag)
+        ``set()`` already picked still return True. One round trip: a script (``run``), never
+        sent twice, so that it cannot undo a ``set()`` made after it."""
+        self._session().run("ev_clear", (self._keys.flag,), ())
         self._seen = False
 
     def wait(self, timeout: Optional[float] = None) -> bool:

@@ -13,7 +13,7 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
   lost replies, is driven through its ``execute_command``. NOSCRIPT (a restarted server, SCRIPT
   FLUSH) means the script did not run: it is loaded and sent again. A Redis error names the
   script's file and line (see ``_scripts.locate``).
-- ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, ZSCORE, DEL of a flag,
+- ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, HMGET, ZSCORE,
   ZREM of our own entry, TIME); it goes through the client, retries and all.
 - ``batch()``: a pipeline of scripts and commands in one round trip (a reader's look at its
   hold) on the executor's connections; ``renewal_batch()``: the same on the watchdog's own

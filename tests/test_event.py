@@ -279,3 +279,32 @@ def test_waiters_in_processes_time_out(client: Any, url: str, children: Children
         assert recv(conn) == ("waiting",)
         assert recv(conn, BOUND)[0] is False
     _until(lambda: _keys(client) == [])
+
+
+def test_clear_is_a_script_never_a_command_that_may_be_sent_again(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """clear() changes state, so it is one script through ``run`` (EVALSHA, never sent twice),
+    not a DEL through ``read``, which the client retries after a connection error: a DEL sent
+    again could wipe a set() another host made in between."""
+    event = DistEvent(_name(), client=client)
+    event.set()
+    session = event._session()
+    ran: List[str] = []
+    run = session.run
+
+    def spy(name: str, keys: Any, args: Any) -> Any:
+        ran.append(name)
+        return run(name, keys, args)
+
+    def refuse(*command: Any) -> Any:
+        raise AssertionError(f"clear() sent {command!r} through read()")
+
+    monkeypatch.setattr(session, "run", spy)
+    monkeypatch.setattr(session, "read", refuse)
+    event.clear()
+    event.clear()  # clear already: still fine
+    monkeypatch.undo()
+    assert ran == ["ev_clear", "ev_clear"]
+    assert not client.exists(event._keys.flag)
+    assert event.is_set() is False
+    assert _keys(client) == []
