@@ -24,14 +24,20 @@ from typing import Any, Callable, Optional, Tuple
 from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, wait
 from ._logic import check_name, lease_ms
-from ._outcomes import Busy, Done, Failed, Outcome, Pending, barrier_poll
+from ._outcomes import (
+    JOINED,
+    MISMATCH,
+    RUN_ACTION,
+    Busy,
+    Done,
+    Failed,
+    Outcome,
+    barrier_arrival,
+    barrier_done,
+    barrier_poll,
+)
 from ._session import Hold, Session, SessionUser
 from ._synclogic import (
-    BAR_BROKEN,
-    BAR_BUSY,
-    BAR_MISMATCH,
-    BAR_RUN,
-    BAR_TRIPPED,
     BarrierKeys,
     barrier_repr,
     broken_keep_ms,
@@ -205,7 +211,7 @@ class DistBarrier(SessionUser):
             self._seen = (True, 0)
             session.run("bar_done", self._keys.all, (wid, gen, "0", keep))
             raise
-        if int(session.run("bar_done", self._keys.all, (wid, gen, "1", keep))) == BAR_BROKEN:
+        if type(barrier_done(session.run("bar_done", self._keys.all, (wid, gen, "1", keep)))) is Failed:
             self._seen = (True, 0)
             raise BrokenBarrierError
         self._seen = (False, 0)
@@ -213,24 +219,25 @@ class DistBarrier(SessionUser):
 
     def _arrived(self, session: Session, wid: str, code: int, index: int, gen: int,
                  sent_at: float, keep: int) -> Tuple[Outcome, Optional[Hold]]:
-        """What ``bar_wait``'s reply means: the wait's outcome, and the hold whose lease the
-        watchdog now renews (the action's runner, or a waiting party)."""
-        if code == BAR_BUSY:  # the previous generation's action runs: arrive again soon
-            return Pending(index / 1000.0), None
-        if code == BAR_MISMATCH:
+        """What ``bar_wait``'s reply means (``_outcomes.barrier_arrival``): the wait's outcome,
+        and the hold whose lease the watchdog now renews (the action's runner, or a waiting
+        party)."""
+        outcome = barrier_arrival(code, index)
+        if outcome is MISMATCH:
             return Failed(ValueError(parties_mismatch(self._name, index, self._parties))), None
-        if code == BAR_BROKEN:
-            self._seen = (True, 0)
-            return Failed(BrokenBarrierError()), None
-        if code == BAR_TRIPPED:
-            self._seen = (False, 0)
-            return Done(index), None
+        if outcome is not RUN_ACTION and outcome is not JOINED:
+            if type(outcome) is Failed:
+                self._seen = (True, 0)
+            elif type(outcome) is Done:
+                self._seen = (False, 0)
+            return outcome, None
+        runs = outcome is RUN_ACTION
         ms = lease_ms(settings().lease)
-        hold = Hold(session, self._keys.state if code == BAR_RUN else self._keys.waiters,
+        hold = Hold(session, self._keys.state if runs else self._keys.waiters,
                     wid, token=0, count=1, watchdog=True, lease_ms=ms, sent_at=sent_at,
-                    renew=self._renewer("a" if code == BAR_RUN else "w"))
+                    renew=self._renewer("a" if runs else "w"))
         session.add_hold(hold)
-        if code == BAR_RUN:
+        if runs:
             return Done(self._run_action(session, wid, gen, index, keep)), hold
         self._seen = (False, index + 1)
         return Busy(None), hold

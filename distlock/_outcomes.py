@@ -15,21 +15,39 @@ Every try a primitive makes for the wait engine (``_engine.py``) ends in one of 
 The wait engine ends a wait in two more ways, ``TIMED_OUT`` and ``NAMED`` (a hint named the
 waiter). Releases decode to ``Released(left)`` or ``LOST``. The decoders are the only place
 that knows how the scripts spell these (see each script's header); ``tests/test_outcomes.py``
-checks them without Redis.
+checks them without Redis. One deliberate exception: the locks' uncontended first try reads a
+grant as ``reply > 0`` inline (a token is positive, as ``lock_acquire`` here says), to keep a
+call and an allocation off the hot path; every other try goes through ``lock_acquire``.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Union
+from typing import Any, FrozenSet, Optional, Union
 
 from ._condlogic import LEAVE_NOTIFIED
-from ._synclogic import BAR_BROKEN, BAR_PENDING, BAR_TRIPPED, EV_EXPIRED, EV_SET, EV_TAKEN
+from ._synclogic import (
+    BAR_BROKEN,
+    BAR_BUSY,
+    BAR_MISMATCH,
+    BAR_PENDING,
+    BAR_RUN,
+    BAR_TRIPPED,
+    EV_EXPIRED,
+    EV_SET,
+    EV_TAKEN,
+    REL_MISMATCH,
+    REL_OVERFLOW,
+    REL_TOO_MANY,
+    SEM_MISMATCH,
+)
 
 __all__ = [
     "Granted", "Busy", "Pending", "Done", "Failed", "Released", "LOST", "TIMED_OUT", "NAMED",
     "Outcome", "FINAL", "lock_acquire", "lock_reenter", "lock_release", "holder_bound", "sem_acquire",
     "REJOIN", "event_wait", "barrier_poll", "cond_leave", "RENEWED", "ENDED", "renewal",
+    "MISMATCH", "TOO_MANY", "OVERFLOW", "Freed", "sem_release", "RUN_ACTION", "JOINED",
+    "barrier_arrival", "barrier_done",
 ]
 
 
@@ -153,12 +171,48 @@ def lock_release(reply: Any) -> Union[Released, _Marker]:
     return LOST if left < 0 else Released(left)
 
 
-def sem_acquire(reply: int) -> Union[Granted, Busy]:
-    """``sem_acquire`` (once a value mismatch, its 0, is ruled out): permits left + 1 on a
-    grant, else ``-(pttl + 1)`` of the permit that runs out first."""
-    if reply > 0:
-        return Granted(reply)
-    return Busy(holder_bound(reply))
+#: a semaphore's or barrier's script found it in use with another value / number of parties
+MISMATCH = _Marker("MISMATCH")
+#: a bounded semaphore's release would raise the count above its value; nothing changed
+TOO_MANY = _Marker("TOO_MANY")
+#: a release would raise the count past 2**53 - 1; nothing changed
+OVERFLOW = _Marker("OVERFLOW")
+
+
+class Freed(_One):
+    """A semaphore's release went through: ``free`` permits are free now, and ``lost`` holds
+    the ids among the caller's that had been lost before it (their lease ran out)."""
+
+    __slots__ = ("free", "lost")
+    _field = "free"
+
+    def __init__(self, free: int, lost: FrozenSet[str] = frozenset()) -> None:
+        self.free = free
+        self.lost = lost
+
+
+def sem_acquire(reply: Any) -> Union[Granted, Busy, _Marker]:
+    """``sem_acquire``: permits left + 1 on a grant; 0, the semaphore is in use with another
+    value (``MISMATCH``); else ``-(pttl + 1)`` of the permit that runs out first."""
+    code = int(reply)
+    if code > 0:
+        return Granted(code)
+    if code == SEM_MISMATCH:
+        return MISMATCH
+    return Busy(holder_bound(code))
+
+
+def sem_release(reply: Any) -> Union[Freed, _Marker]:
+    """``sem_release``: the permits free now; or a list {free, lost id, ...} when some of the
+    caller's permits had been lost; or ``MISMATCH``, ``TOO_MANY``, ``OVERFLOW``."""
+    if isinstance(reply, list):
+        return Freed(int(reply[0]), frozenset(
+            raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
+            for raw in reply[1:]))
+    code = int(reply)
+    if code >= 0:
+        return Freed(code)
+    return {REL_MISMATCH: MISMATCH, REL_TOO_MANY: TOO_MANY, REL_OVERFLOW: OVERFLOW}.get(code, MISMATCH)
 
 
 # --- the watchdog's renewals ------------------------------------------------------------------
@@ -192,6 +246,35 @@ def event_wait(code: int, last: bool) -> Outcome:
     if last:
         return Done(False)
     return REJOIN if code == EV_EXPIRED else Busy(None)
+
+
+#: ``bar_wait``: the caller is the last party and runs the action before the trip
+RUN_ACTION = _Marker("RUN_ACTION")
+#: ``bar_wait``: the caller joined the generation and waits
+JOINED = _Marker("JOINED")
+
+
+def barrier_arrival(code: int, index: int) -> Outcome:
+    """``bar_wait``'s code: the previous generation's action runs (``Pending``: arrive again
+    within ``index`` ms); ``MISMATCH``; broken (``Failed``); tripped by this arrival
+    (``Done(index)``); ``RUN_ACTION``; or ``JOINED``."""
+    if code == BAR_BUSY:
+        return Pending(index / 1000.0)
+    if code == BAR_MISMATCH:
+        return MISMATCH
+    if code == BAR_BROKEN:
+        return Failed(threading.BrokenBarrierError())
+    if code == BAR_TRIPPED:
+        return Done(index)
+    return RUN_ACTION if code == BAR_RUN else JOINED
+
+
+def barrier_done(reply: Any) -> Outcome:
+    """``bar_done`` (the action's runner trips the generation): broken meanwhile (``Failed``)
+    or tripped (``Done(None)``)."""
+    if int(reply) == BAR_BROKEN:
+        return Failed(threading.BrokenBarrierError())
+    return Done(None)
 
 
 def barrier_poll(code: int, index: int, last: bool) -> Outcome:

@@ -28,15 +28,12 @@ from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, wait
 from ._errors import LockLostError
 from ._logic import check_lease, check_name, lease_ms
-from ._outcomes import RENEWED, Granted, Outcome, renewal
+from ._outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, Granted, Outcome, renewal
 from ._outcomes import sem_acquire as decode_acquire
+from ._outcomes import sem_release as decode_release
 from ._session import Hold, Session, SessionUser
 from ._synclogic import (
     COUNT_OVERFLOW,
-    REL_MISMATCH,
-    REL_OVERFLOW,
-    REL_TOO_MANY,
-    SEM_MISMATCH,
     TOO_MANY_RELEASES,
     SemKeys,
     check_release_n,
@@ -155,9 +152,9 @@ class DistSemaphore(SessionUser):
         ms = lease_ms(settings().lease if self._lease is None else self._lease)
         pid = permit_id(session.id, threading.get_ident())
         sent_at = time.monotonic()
-        reply = self._try(session, pid, ms, None)
-        if reply > 0:
-            self._grant(session, pid, watchdog, ms, sent_at, reply)
+        outcome = self._try(session, pid, ms, None)
+        if type(outcome) is Granted:
+            self._grant(session, pid, watchdog, ms, sent_at, outcome.token)
             return True
         if not blocking_ or seconds == 0:
             return False
@@ -188,40 +185,38 @@ class DistSemaphore(SessionUser):
         ids = [hold.owner for hold in holds]
         keys = self._keys
         args: Tuple[Any, ...] = (self._initial, "1" if self._bounded else "0", count, *ids)
-        reply: Any = None
+        outcome: Any = None
         try:
             for _ in range(_MISMATCH_TRIES):
-                reply = session.run("sem_release", keys.release, args)
-                if reply != REL_MISMATCH:
+                outcome = decode_release(session.run("sem_release", keys.release, args))
+                if outcome is not MISMATCH:
                     break
                 stored = _recorded(session, keys)
                 if stored is not None:
                     raise ValueError(value_mismatch(self._name, stored, self._initial))
-            if reply == REL_MISMATCH:  # pragma: no cover - the state vanished at every look
+            if outcome is MISMATCH:  # pragma: no cover - the state vanished at every look
                 raise ValueError(value_mismatch(self._name, "another value", self._initial))
         except BaseException:
             for hold in holds:
                 hold.releasing = False
-            if reply is None:  # the server may or may not have run it: stop renewing those
+            if outcome is None:  # the server may or may not have run it: stop renewing those
                 for hold in holds:
                     session.drop_hold(hold)
             raise
-        if reply in (REL_TOO_MANY, REL_OVERFLOW):  # nothing changed: the holds are still ours
+        if outcome is TOO_MANY or outcome is OVERFLOW:  # nothing changed: the holds are still ours
             for hold in holds:
                 hold.releasing = False
-            if reply == REL_OVERFLOW:
+            if outcome is OVERFLOW:
                 raise OverflowError(COUNT_OVERFLOW)
             raise ValueError(TOO_MANY_RELEASES)
         for hold in holds:
             session.drop_hold(hold)
-        if isinstance(reply, list):  # some of ours were lost: {free, lost id, ...}
-            self._seen = int(reply[0])
-            lost = {_text(raw) for raw in reply[1:]}
+        self._seen = outcome.free
+        if outcome.lost:  # some of ours had been lost before the release
             for hold in holds:
-                if hold.owner in lost:
+                if hold.owner in outcome.lost:
                     session.mark_lost(hold)
-            raise LockLostError(release_lost(len(lost), self._name), name=self._name)
-        self._seen = int(reply)
+            raise LockLostError(release_lost(len(outcome.lost), self._name), name=self._name)
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
@@ -244,18 +239,18 @@ class DistSemaphore(SessionUser):
     # --- the machinery ------------------------------------------------------------------------
 
 
-    def _try(self, session: Session, pid: str, ms: int, queue_ms: Optional[int]) -> int:
-        """One try of ``sem_acquire``; raise ValueError when the value differs."""
+    def _try(self, session: Session, pid: str, ms: int, queue_ms: Optional[int]) -> Outcome:
+        """One try of ``sem_acquire``, decoded; raise ValueError when the value differs."""
         keys = self._keys
         args: Tuple[Any, ...] = (pid, ms, self._initial)
         if queue_ms is not None:
             args += (queue_ms,)
         for _ in range(_MISMATCH_TRIES):
-            reply = int(session.run("sem_acquire", keys.acquire, args))
-            if reply != SEM_MISMATCH:
-                if reply < 0:
+            outcome = decode_acquire(session.run("sem_acquire", keys.acquire, args))
+            if outcome is not MISMATCH:
+                if type(outcome) is not Granted:
                     self._seen = 0
-                return reply
+                return outcome
             stored = _recorded(session, keys)
             if stored is not None:
                 raise ValueError(value_mismatch(self._name, stored, self._initial))
@@ -266,7 +261,7 @@ class DistSemaphore(SessionUser):
                  queue_ms: int) -> Outcome:
         """One try for the wait engine; the last one (time is up) also leaves the queue."""
         sent_at = time.monotonic()
-        outcome = decode_acquire(self._try(session, pid, ms, 0 if mode == LAST else queue_ms))
+        outcome = self._try(session, pid, ms, 0 if mode == LAST else queue_ms)
         if type(outcome) is Granted:
             self._grant(session, pid, watchdog, ms, sent_at, outcome.token)
         return outcome
@@ -347,10 +342,6 @@ def _recorded(session: Session, keys: SemKeys) -> Optional[int]:
     """The value recorded for a semaphore (for an error message), None when at rest."""
     score = session.read("ZSCORE", keys.sem, "~v")
     return None if score is None else -int(float(score)) - 1
-
-
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
 
 
 class _SemWaiting(Waiting):

@@ -192,3 +192,28 @@ def test_renewal_replies() -> None:
     assert oc.renewal(2) is oc.ENDED
     for reply in (0, -1, None):
         assert oc.renewal(reply) is oc.LOST
+
+
+def test_semaphore_mismatch_and_release_replies() -> None:
+    assert oc.sem_acquire(3) == oc.Granted(3)
+    assert oc.sem_acquire(sl.SEM_MISMATCH) is oc.MISMATCH
+    assert oc.sem_acquire(-1501) == oc.Busy(1.5)
+    assert oc.sem_release(2) == oc.Freed(2)
+    assert oc.sem_release(0).lost == frozenset()
+    freed = oc.sem_release([1, b"a:1:x", "b:2:y"])
+    assert freed.free == 1 and freed.lost == frozenset({"a:1:x", "b:2:y"})
+    assert oc.sem_release(sl.REL_MISMATCH) is oc.MISMATCH
+    assert oc.sem_release(sl.REL_TOO_MANY) is oc.TOO_MANY
+    assert oc.sem_release(sl.REL_OVERFLOW) is oc.OVERFLOW
+
+
+def test_barrier_arrival_and_done() -> None:
+    assert oc.barrier_arrival(sl.BAR_BUSY, 250) == oc.Pending(0.25)
+    assert oc.barrier_arrival(sl.BAR_MISMATCH, 3) is oc.MISMATCH
+    broken = oc.barrier_arrival(sl.BAR_BROKEN, 0)
+    assert isinstance(broken, oc.Failed) and isinstance(broken.error, threading.BrokenBarrierError)
+    assert oc.barrier_arrival(sl.BAR_TRIPPED, 2) == oc.Done(2)
+    assert oc.barrier_arrival(sl.BAR_RUN, 1) is oc.RUN_ACTION
+    assert oc.barrier_arrival(sl.BAR_WAITING, 0) is oc.JOINED
+    assert isinstance(oc.barrier_done(sl.BAR_BROKEN), oc.Failed)
+    assert oc.barrier_done(sl.BAR_TRIPPED) == oc.Done(None)
