@@ -320,8 +320,9 @@ def fetch_states(client: redis.Redis, names: Sequence[str]) -> List[LockState]:
         if rw is not None:
             w_type, w_fields, w_pttl, readers, queue = replies[at:at + 5]
             at += 5
-            found.append(rw_state(name, rw.writer, w_type, w_fields, w_pttl, readers, queue,
-                                  now_ms, fence))
+            found.append(rw_state(name, rw.writer, writer_type=w_type, writer_fields=w_fields,
+                                  writer_pttl=w_pttl, readers=readers, queue=queue,
+                                  now_ms=now_ms, fence=fence))
         held = [state for state in found if state is not None]
         states.extend(held or [free_state(name, k.lock, fence)])
     return states

@@ -117,7 +117,7 @@ _RANDOM_HOLD_ID = re.compile(r"[0-9a-f]{12}")
 
 
 def parse_owner(owner: str, count: int, host: Optional[str] = None, pid: Optional[int] = None,
-                mode: str = "exclusive", token: Optional[int] = None,
+                *, mode: str = "exclusive", token: Optional[int] = None,
                 lease: Optional[int] = None) -> Owner:
     """Split an owner field ``<session id>:<thread ident | random hold id>``.
 
@@ -126,11 +126,16 @@ def parse_owner(owner: str, count: int, host: Optional[str] = None, pid: Optiona
     a thread ident that short is rare on 64-bit systems (see :func:`guess_kind`).
     """
     session, sep, rest = owner.rpartition(":")
+    thread: Optional[int] = None
+    hold_id: Optional[str] = None
     if not sep:
-        return Owner(owner, owner, None, None, count, host, pid, mode, token, lease)
-    if rest.isdigit() and not _RANDOM_HOLD_ID.fullmatch(rest):
-        return Owner(owner, session, int(rest), None, count, host, pid, mode, token, lease)
-    return Owner(owner, session, None, rest, count, host, pid, mode, token, lease)
+        session = owner
+    elif rest.isdigit() and not _RANDOM_HOLD_ID.fullmatch(rest):
+        thread = int(rest)
+    else:
+        hold_id = rest
+    return Owner(owner=owner, session=session, thread=thread, hold_id=hold_id, count=count,
+                 host=host, pid=pid, mode=mode, token=token, lease_ms=lease)
 
 
 def parse_info(info: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
@@ -185,7 +190,7 @@ def _split_hash(fields: Optional[Mapping[Raw, Raw]]) -> Tuple[Dict[str, str], Li
 def free_state(name: str, key: str, fence: Optional[Raw]) -> LockState:
     """Nothing of this name is held; ``token`` is the last one granted."""
     token = _int(fence)
-    return LockState(name, key, "free", False, token=token, fence=token)
+    return LockState(name=name, key=key, kind="free", held=False, token=token, fence=token)
 
 
 def exclusive_state(name: str, key: str, key_type: Optional[Raw],
@@ -203,8 +208,8 @@ def exclusive_state(name: str, key: str, key_type: Optional[Raw],
         return None
     lease = pttl if pttl is not None and pttl >= 0 else None
     if kind_raw != "hash":
-        return LockState(name, key, f"unknown ({kind_raw})", True, lease_ms=lease,
-                         token=fence_token, fence=fence_token)
+        return LockState(name=name, key=key, kind=f"unknown ({kind_raw})", held=True,
+                         lease_ms=lease, token=fence_token, fence=fence_token)
     meta, plain = _split_hash(fields)
     host, pid = parse_info(meta.pop(":i", None))
     owners = tuple(sorted(
@@ -212,8 +217,10 @@ def exclusive_state(name: str, key: str, key_type: Optional[Raw],
     token = _int(meta.pop(":t", None))
     kind = guess_kind(owners, meta.pop(":k", None))
     return LockState(
-        name, key, kind, True, owners, sum(o.count for o in owners), lease,
-        token if token is not None else fence_token, fence_token, 0, dict(sorted(meta.items())),
+        name=name, key=key, kind=kind, held=True, owners=owners,
+        count=sum(o.count for o in owners), lease_ms=lease,
+        token=token if token is not None else fence_token, fence=fence_token,
+        waiting_writers=0, extra=dict(sorted(meta.items())),
     )
 
 
@@ -227,11 +234,13 @@ def _pairs(reply: Any) -> List[Tuple[str, float]]:
     return [(_text(items[i]) or "", float(items[i + 1])) for i in range(0, len(items) - 1, 2)]
 
 
-def rw_state(name: str, writer_key: str, writer_type: Optional[Raw],
+def rw_state(name: str, writer_key: str, *, writer_type: Optional[Raw],
              writer_fields: Optional[Mapping[Raw, Raw]], writer_pttl: Optional[int],
              readers: Any, queue: Any, now_ms: int, fence: Optional[Raw]) -> Optional[LockState]:
     """The state of a DistReadWriteLock; None when neither side is held.
 
+    ``writer_type``, ``writer_fields`` and ``writer_pttl`` are the TYPE, HGETALL and PTTL
+    replies of the writer hash ``writer_key``; ``fence`` the GET reply of the ``:fence`` key.
     ``readers`` and ``queue`` are ``ZRANGE key 0 -1 WITHSCORES`` replies: read holds
     (``<owner>#<token>`` -> lease deadline) and waiting writers' entries, both in server ms;
     ``now_ms`` is the server's TIME. Readers past their deadline are gone, as keys past their
@@ -247,7 +256,7 @@ def rw_state(name: str, writer_key: str, writer_type: Optional[Raw],
         host, pid = parse_info(meta.get(":i"))
         token = _int(meta.get(":t"))
         for owner, count in plain:
-            owners.append(parse_owner(owner, _int(count) or 0, host, pid, "write"))
+            owners.append(parse_owner(owner, _int(count) or 0, host, pid, mode="write"))
         lease = writer_pttl if writer_pttl is not None and writer_pttl >= 0 else None
     for member, score in _pairs(readers):
         if score <= now_ms:
@@ -257,15 +266,17 @@ def rw_state(name: str, writer_key: str, writer_type: Optional[Raw],
         reader_token = _int(raw_token)
         left = int(score - now_ms)
         host, pid = parse_info(info)
-        owners.append(parse_owner(owner or member, 1, host, pid, "read", reader_token, left))
+        owners.append(parse_owner(owner or member, 1, host, pid, mode="read", token=reader_token,
+                                  lease=left))
         if reader_token is not None and (token is None or reader_token > token):
             token = reader_token
         lease = left if lease is None else max(lease, left)
     if not owners:
         return None
-    return LockState(name, writer_key, "DistReadWriteLock", True, tuple(owners),
-                     sum(o.count for o in owners), lease,
-                     token if token is not None else fence_token, fence_token, waiting)
+    return LockState(name=name, key=writer_key, kind="DistReadWriteLock", held=True,
+                     owners=tuple(owners), count=sum(o.count for o in owners), lease_ms=lease,
+                     token=token if token is not None else fence_token, fence=fence_token,
+                     waiting_writers=waiting)
 
 
 def name_from_key(prefix: str, key: Raw, suffixes: Iterable[str] = ("",)) -> Optional[str]:
