@@ -45,7 +45,7 @@ from ._inspect import (
 )
 from ._lock import hold_of, still_held
 from ._logic import Keys
-from ._scripts import script_source
+from ._session import session_for
 
 __all__ = ["main", "build_parser", "EXIT_UNAVAILABLE", "EXIT_LOST", "EXIT_CONFLICT"]
 
@@ -423,9 +423,11 @@ def _force_release(client: redis.Redis, state: LockState) -> tuple[int, int]:
         channels = [k.channel, *registered]
         data = [k.lock]
         seen = "" if state.token is None or state.kind.startswith("unknown") else str(state.token)
-    script = client.register_script(script_source("force_release"))
     retention = max(1, settings().fence_retention_ms)
-    broken, fence = script(keys=[k.fence, *channels, *data], args=[seen, len(channels), retention])
+    # A state change: through the executor, sent once (a retry after a lost reply could break
+    # the next holder's hold), with errors located in force_release.lua.
+    broken, fence = session_for(client).run("force_release", (k.fence, *channels, *data),
+                                            (seen, len(channels), retention))
     return int(broken), int(fence)
 
 
