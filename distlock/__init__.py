@@ -6,6 +6,7 @@ from ._config import Settings, configure
 from ._errors import DistLockError, LockLostError, LockNotOwnedError
 from ._event import DistEvent
 from ._lock import DistLock, DistRLock
+from ._metrics import snapshot as metrics
 from ._rwlock import DistReadWriteLock
 from ._semaphore import DistBoundedSemaphore, DistSemaphore
 
@@ -20,6 +21,7 @@ __all__ = [
     "DistBarrier",
     "configure",
     "Settings",
+    "metrics",
     "DistLockError",
     "LockNotOwnedError",
     "LockLostError",

@@ -93,6 +93,8 @@ class DistBarrier(SessionUser):
     ``client``: a ``redis.Redis`` or a URL; by default, see ``configure``.
     """
 
+    _metric_kind = "barrier"
+
     def __init__(self, name: str, parties: int, action: Optional[Callable[[], Any]] = None,
                  timeout: Optional[float] = None, *, client: ClientArg = None) -> None:
         self._name = check_name(name)
@@ -148,6 +150,7 @@ class DistBarrier(SessionUser):
         seconds = self._timeout if timeout is None else check_barrier_timeout(timeout)
         session = self._session()
         waiting = _BarrierWaiting(self, session)
+        waiting.meter = self._metered()
         try:
             return int(wait(session, waiting, seconds))
         finally:
@@ -235,7 +238,7 @@ class DistBarrier(SessionUser):
         ms = lease_ms(settings().lease)
         hold = Hold(session, self._keys.state if runs else self._keys.waiters,
                     wid, token=0, count=1, watchdog=True, lease_ms=ms, sent_at=sent_at,
-                    renew=self._renewer("a" if runs else "w"))
+                    renew=self._renewer("a" if runs else "w"), meter=self._metered())
         session.add_hold(hold)
         if runs:
             return Done(self._run_action(session, wid, gen, index, keep)), hold

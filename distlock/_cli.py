@@ -590,7 +590,7 @@ class _Runner:
         session = getattr(hold, "session", None)
         self.lost(reason)
         if session is not None:
-            session.mark_lost(hold)  # the library's state agrees: release() raises LockLostError
+            session.mark_lost(hold, reason)  # the library agrees: release() raises LockLostError
 
     def stop(self) -> None:
         self._stop.set()

@@ -76,6 +76,8 @@ class DistCondition(SessionUser):
     it is called. What a distributed condition adds is documented on each method.
     """
 
+    _metric_kind = "condition"
+
     acquire: Callable[..., Any]
     release: Callable[..., Any]
 
@@ -171,6 +173,7 @@ class DistCondition(SessionUser):
         seconds = check_wait_timeout(timeout)
         session = self._session()
         waiting = _CondWaiting(self, session)
+        waiting.meter = self._metered()
         with self._mutex:
             self._waiting += 1
         try:
@@ -271,7 +274,7 @@ class DistCondition(SessionUser):
             except BaseException:
                 self._call_leave(session, wid, True)
                 raise
-        self._leases.add(session, wid, ms, sent_at)
+        self._leases.add(session, wid, ms, sent_at, self._metered())
         return saved
 
     def _release_and_join(self, session: Session, wid: str, ms: int) -> Any:
@@ -327,7 +330,7 @@ class _LocalLeases:
         self.hold: Optional[Hold] = None
         self.mutex = threading.Lock()
 
-    def add(self, session: Session, wid: str, ms: int, sent_at: float) -> None:
+    def add(self, session: Session, wid: str, ms: int, sent_at: float, meter: Any = None) -> None:
         with self.mutex:
             hold = self.hold
             if hold is not None and hold.session is not session:  # a forked child: start afresh
@@ -339,7 +342,8 @@ class _LocalLeases:
                     session.drop_hold(hold)
                 hold = self.hold = Hold(session, key=self.keys.leases,
                                         owner=f"{session.id}:waiters:{id(self):x}", token=0, count=1,
-                                        watchdog=True, lease_ms=ms, sent_at=sent_at, renew=self.renew)
+                                        watchdog=True, lease_ms=ms, sent_at=sent_at, renew=self.renew,
+                                        meter=meter)
                 session.add_hold(hold)
 
     def discard(self, wid: str) -> None:

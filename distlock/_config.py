@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 import redis
 
@@ -37,6 +37,9 @@ class Settings:
     - ``fence_retention``: how long a name's fencing-token counter outlives its last hold, at
       least, in seconds (3600; at most one lease more); 0: it lives at most as long as the
       last hold's lease (a release does not shorten it). See docs/safety.rst.
+    - ``metric_group``: how a name is grouped in the metrics (``distlock.metrics()``): a
+      function of the name returning a short label; None (the default) takes the name's
+      first ``:``-separated segment (``orders:42`` -> ``orders``). See docs/guides/operating.rst.
     """
 
     prefix: str = "distlock:"
@@ -45,6 +48,7 @@ class Settings:
     wait_cap: float = 3.0
     queue_cap_factor: float = 10.0
     fence_retention: float = 3600.0
+    metric_group: Optional[Callable[[str], str]] = field(default=None, compare=False)
     #: ``fence_retention`` in ms, as the scripts take it (computed once, not per call)
     fence_retention_ms: int = field(init=False, repr=False, compare=False)
 
@@ -78,6 +82,7 @@ def configure(
     renew_interval: Optional[float] = None,
     wait_cap: Optional[float] = None,
     fence_retention: Optional[float] = None,
+    metric_group: Optional[Callable[[str], str]] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -103,6 +108,10 @@ def configure(
         changes["wait_cap"] = check_seconds(wait_cap, "wait_cap")
     if fence_retention is not None:
         changes["fence_retention"] = check_retention(fence_retention)
+    if metric_group is not None:
+        if not callable(metric_group):
+            raise TypeError(f"metric_group must be callable, not {type(metric_group).__name__}")
+        changes["metric_group"] = metric_group
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")

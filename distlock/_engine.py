@@ -9,16 +9,19 @@ error, KeyboardInterrupt) and, for an asyncio driver, a cancellation.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+import time
+from typing import Any, Iterator, Optional
 
 import redis
 
 from ._config import settings
 from ._logic import Deadline
-from ._outcomes import NAMED, TIMED_OUT, Failed, Granted, Outcome
-from ._waitpolicy import FIRST, Sleep, policy
+from ._outcomes import NAMED, TIMED_OUT, Done, Failed, Granted, Outcome
+from ._telemetry import end_wait, start_wait
+from ._waitpolicy import FIRST, HINTED, Sleep, policy
 
-__all__ = ["Waiting", "wait"]
+__all__ = ["Waiting", "wait", "metered"]
 
 
 class Waiting:
@@ -30,6 +33,10 @@ class Waiting:
 
     channel: str = ""
     ident: Optional[str] = None
+    #: the primitive's meter (``_metrics``), and when its first try was sent (monotonic): the
+    #: engine records how the wait ended and how long it took from there
+    meter: Any = None
+    started: float = 0.0
     #: a hint is answered by a try that does not register (see ``_waitpolicy``, ``HINTED``)
     answers_hints = False
     #: every waiter sleeps at most the bound, not only its process' first (see ``policy``)
@@ -64,12 +71,15 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
     run out by themselves).
     """
     deadline = Deadline(timeout)
+    started = waiting.started or time.monotonic()
+    span = start_wait(waiting.meter)
     steps = policy(deadline, settings().wait_cap, start=start,
                    answers_hints=waiting.answers_hints, strict=waiting.strict)
     # Subscribe before the first try: a hint sent right after it finds us listening. ``join``
     # leaves the queue by itself when it is interrupted; from here on, the ``finally`` does.
     waiter = None
-    granted = False
+    granted = hinted_grant = False
+    outcome: Any = None
     try:
         waiter = session.join(waiting.channel, deadline.remaining(), ident=waiting.ident)
         step: Any = next(steps)
@@ -82,6 +92,7 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
             else:
                 with session.retry_slots:  # a crowd woken at once takes turns
                     sent = waiting.attempt(step.mode, waiter)
+                hinted_grant = step.mode == HINTED
             granted = type(sent) is Granted
             try:
                 step = steps.send(sent)
@@ -98,7 +109,40 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
     finally:
         if waiter is not None and session.leave(waiter, granted) and not granted:
             waiting.unregister()
+        _record(waiting.meter, span, outcome, started, hinted_grant)
     return result(waiting, outcome)
+
+
+@contextlib.contextmanager
+def metered(meter: Any, started: float) -> Iterator[None]:
+    """Record a call that does not wait (a re-entry, one try) as acquired, or as an error if
+    it raises; a refusal is recorded by the caller."""
+    try:
+        yield
+    except BaseException:
+        meter.acquired("error", time.monotonic() - started)
+        raise
+    meter.acquired("acquired", time.monotonic() - started)
+
+
+def _record(meter: Any, span: Any, outcome: Any, started: float, hinted_grant: bool) -> None:
+    """How a wait ended, into the primitive's metrics (and its span, where the process
+    traces): ``None`` (an exception) is an error; a grant, a named hint or a truthy ``Done``
+    is acquired; the rest timed out. A broken barrier (``Failed``) is an error."""
+    if meter is None:
+        return
+    waited = time.monotonic() - started
+    kind = type(outcome)
+    if kind is Granted or outcome is NAMED or (
+            kind is Done and outcome.value is not False and outcome.value is not None):
+        label = "acquired"  # a barrier's index 0 included
+    elif outcome is None or kind is Failed:
+        label = "error"
+    else:
+        label = "timeout"
+    hinted = label == "acquired" and (hinted_grant or outcome is NAMED)
+    meter.acquired(label, waited, waited=True, hinted=hinted)
+    end_wait(span, label, waited, outcome.token if kind is Granted else None)
 
 
 def result(waiting: Waiting, outcome: Outcome) -> Any:

@@ -46,6 +46,8 @@ class DistEvent(SessionUser):
     ``client``: a ``redis.Redis`` or a URL; by default, see ``configure``.
     """
 
+    _metric_kind = "event"
+
     def __init__(self, name: str, *, client: ClientArg = None) -> None:
         self._name = check_name(name)
         if client is not None:
@@ -105,7 +107,9 @@ class DistEvent(SessionUser):
         session = self._session()
         if seconds == 0:
             return self.is_set()
-        return self._saw(wait(session, _EventWaiting(self, session), seconds))
+        waiting = _EventWaiting(self, session)
+        waiting.meter = self._metered()
+        return self._saw(wait(session, waiting, seconds))
 
     def __repr__(self) -> str:
         return event_repr(self, self._name, self._seen)

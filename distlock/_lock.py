@@ -21,7 +21,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import redis
 
 from ._config import ClientArg, check_client, settings
-from ._engine import Waiting, wait
+from ._engine import Waiting, metered, wait
 from ._errors import LockLostError, LockNotOwnedError
 from ._executor import Batch
 from ._logic import (
@@ -187,22 +187,40 @@ class _LockBase(SessionUser):
         watchdog = lease_s is None
         ms = lease_ms(settings().lease if lease_s is None else lease_s)
 
+        meter = self._metered()
+        sent_at = time.monotonic()
         held = self._current(session)
         if held is not None and self._reentrant == "1":
-            return self._reenter(session, held, ms, count, watchdog)
+            with metered(meter, sent_at):
+                return self._reenter(session, held, ms, count, watchdog)
 
         owner = self._owner_for(session)
-        sent_at = time.monotonic()
-        reply = self._call_acquire(session, owner, ms, count, "")
+        try:
+            reply = self._first_try(session, owner, ms, count, blocking and timeout != 0)
+        except BaseException:
+            meter.acquired("error", time.monotonic() - sent_at)
+            raise
         if reply > 0:
             self._grant(session, owner, reply, count, watchdog, ms, sent_at)
+            meter.acquired("acquired", time.monotonic() - sent_at)
             return True
         if not blocking or timeout == 0:
+            meter.acquired("refused", time.monotonic() - sent_at)
             return False
-        # Each process waits on its own channel for this lock, registered (by its failed tries)
-        # with the lock, so that a release wakes one waiting process, not every subscriber.
-        return bool(wait(session, _LockWaiting(self, session, owner, ms, count, watchdog), timeout,
-                    start=WAIT))
+        waiting = self._waiting(session, owner, ms, count, watchdog)
+        waiting.meter, waiting.started = meter, sent_at
+        return bool(wait(session, waiting, timeout, start=WAIT))
+
+    def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> int:
+        """The try before any waiting (the uncontended path): its raw reply, a token > 0 on a
+        grant. ``waits``: a refusal will be followed by a wait."""
+        return self._call_acquire(session, owner, ms, count, "")
+
+    def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
+        """The wait after a refused first try. Each process waits on its own channel for this
+        lock, registered (by its failed tries) with the lock, so that a release wakes one
+        waiting process, not every subscriber."""
+        return _LockWaiting(self, session, owner, ms, count, watchdog)
 
     def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> bool:
         if held.lost:
@@ -231,7 +249,7 @@ class _LockBase(SessionUser):
                ms: int, sent_at: float) -> None:
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._ender(),
-                    notify=_notify_lost)
+                    notify=_notify_lost, meter=self._metered(), grant=True)
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -372,6 +390,8 @@ class DistLock(_LockBase):
     seconds: the hold expires by itself after that long).
     """
 
+    _metric_kind = "lock"
+
     _reentrant = "0"
     _unowned_message = "release unlocked lock"
 
@@ -496,6 +516,8 @@ class DistRLock(_ThreadOwned):
     Redis. Implements ``_is_owned``, ``_release_save``, ``_acquire_restore`` and
     ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
     """
+
+    _metric_kind = "rlock"
 
     def __repr__(self) -> str:
         session = self._peek_session()

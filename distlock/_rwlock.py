@@ -27,9 +27,9 @@ from typing import Any, Optional, Tuple
 import redis
 
 from ._config import ClientArg, settings
-from ._engine import Waiting, wait
-from ._lock import _UNSET, _ThreadOwned
-from ._logic import check_lease, check_name, lease_ms, lock_repr
+from ._engine import Waiting
+from ._lock import _ThreadOwned
+from ._logic import check_lease, check_name, lock_repr
 from ._outcomes import Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
 from ._rwlogic import (
@@ -43,7 +43,7 @@ from ._rwlogic import (
     writer_entry_ms,
 )
 from ._session import Hold, Session, Waiter
-from ._waitpolicy import LAST, WAIT
+from ._waitpolicy import LAST
 
 __all__ = ["DistReadWriteLock", "DistReadLock", "DistWriteLock"]
 
@@ -59,32 +59,15 @@ class _RWSide(_ThreadOwned):
         super().__init__(name, client=client, lease=lease)
         self._rw = rw
 
-    # --- the wait loop -----------------------------------------------------------------------
+    # --- the family's acquire (``_LockBase._acquire``), with a side's queue ----------------
 
-    def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> bool:
-        session = self._session()
-        lease_s = self._lease if lease is _UNSET else lease
-        watchdog = lease_s is None
-        ms = lease_ms(settings().lease if lease_s is None else lease_s)
-
-        held = self._current(session)
-        if held is not None:
-            return self._reenter(session, held, ms, count, watchdog)
+    def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> int:
         self._refuse_upgrade(session)
+        return self._call_acquire(session, owner, ms, count, "",
+                                  queue_ms=self._queue_ms() if waits else 0)
 
-        owner = self._owner_for(session)
-        waits = blocking and timeout != 0
-        queue_ms = self._queue_ms() if waits else 0
-        sent_at = time.monotonic()
-        reply = self._call_acquire(session, owner, ms, count, "", queue_ms=queue_ms)
-        if reply > 0:
-            self._grant(session, owner, reply, count, watchdog, ms, sent_at)
-            return True
-        if not waits:
-            return False
-
-        return bool(wait(session, _SideWaiting(self, session, owner, ms, count, watchdog, queue_ms),
-                    timeout, start=WAIT))
+    def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
+        return _SideWaiting(self, session, owner, ms, count, watchdog, self._queue_ms())
 
     def _attempt(self, session: Session, mode: str, grant: Tuple[str, int, int, bool],
                  queue_ms: int) -> Outcome:
@@ -170,6 +153,8 @@ class DistReadLock(_RWSide):
     writers once its lease runs out. Reentrant per thread; ``threading.Condition`` accepts it.
     """
 
+    _metric_kind = "read"
+
     _kind = "DistReadLock"
 
     @property
@@ -222,6 +207,8 @@ class DistWriteLock(_RWSide):
     refused at once with RuntimeError: an upgrade could deadlock. Reentrant per thread;
     ``threading.Condition(rw.write_lock())`` works.
     """
+
+    _metric_kind = "write"
 
     _kind = "DistWriteLock"
 

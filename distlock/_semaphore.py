@@ -109,6 +109,8 @@ class DistSemaphore(SessionUser):
     each permit expires by itself after that long).
     """
 
+    _metric_kind = "semaphore"
+
     _bounded = False
 
     def __init__(self, name: str, value: int = 1, *, client: ClientArg = None,
@@ -151,18 +153,26 @@ class DistSemaphore(SessionUser):
         watchdog = self._lease is None
         ms = lease_ms(settings().lease if self._lease is None else self._lease)
         pid = permit_id(session.id, threading.get_ident())
+        meter = self._metered()
         sent_at = time.monotonic()
-        outcome = self._try(session, pid, ms, None)
+        try:
+            outcome = self._try(session, pid, ms, None)
+        except BaseException:
+            meter.acquired("error", time.monotonic() - sent_at)
+            raise
         if type(outcome) is Granted:
             self._grant(session, pid, watchdog, ms, sent_at, outcome.token)
+            meter.acquired("acquired", time.monotonic() - sent_at)
             return True
         if not blocking_ or seconds == 0:
+            meter.acquired("refused", time.monotonic() - sent_at)
             return False
 
         cfg = settings()
         queue_ms = entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
-        return bool(wait(session, _SemWaiting(self, session, pid, ms, watchdog, queue_ms), seconds,
-                    start=WAIT))
+        waiting = _SemWaiting(self, session, pid, ms, watchdog, queue_ms)
+        waiting.meter, waiting.started = meter, sent_at
+        return bool(wait(session, waiting, seconds, start=WAIT))
 
     __enter__ = acquire
 
@@ -271,7 +281,7 @@ class DistSemaphore(SessionUser):
         self._seen = reply - 1
         hold = Hold(session, self._keys.sem, pid, token=0, count=1, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._end,
-                    notify=_notify_lost)
+                    notify=_notify_lost, meter=self._metered(), grant=True)
         hold.listeners.add(self)
         session.add_hold(hold)
 
@@ -328,6 +338,8 @@ class DistBoundedSemaphore(DistSemaphore):
     the permits were taken. A DistSemaphore and a DistBoundedSemaphore of the same name share
     one count; only the check on release differs.
     """
+
+    _metric_kind = "bounded_semaphore"
 
     _bounded = True
 

@@ -44,9 +44,12 @@ import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set
 
 from ._clients import server_key, session_client, shareable
-from ._config import ClientArg, resolve_client
+from ._config import ClientArg, resolve_client, settings
 from ._executor import executor_for
+from ._metrics import Meter
+from ._metrics import meter as make_meter
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
+from ._telemetry import lease_lost
 from ._watchdog import Hold, Watchdog
 
 __all__ = ["Session", "SessionUser", "Hold", "Waiter", "session_for", "wake_count",
@@ -97,10 +100,10 @@ class Session:
                 raise RuntimeError("distlock: the session was retired")
             return session.executor
 
-        def lost(hold: Hold) -> None:
+        def lost(hold: Hold, cause: str) -> None:
             session = me()
             if session is not None:
-                session.mark_lost(hold)
+                session.mark_lost(hold, cause)
 
         tag = self.id[:8]
         self.watchdog = Watchdog(source, tag, lost)
@@ -116,6 +119,10 @@ class Session:
         self.watchdog.add(hold)
 
     def drop_hold(self, hold: Hold) -> None:
+        granted_at, meter = hold.granted_at, hold.meter
+        if granted_at and meter is not None:
+            hold.granted_at = 0.0  # its hold time counts once
+            meter.held(time.monotonic() - granted_at)
         if self.watchdog.drop(hold) and not self.users:
             _schedule_retire(self)
 
@@ -130,13 +137,24 @@ class Session:
     def renew_all(self) -> Optional[float]:
         return self.watchdog.renew_all()
 
-    def mark_lost(self, hold: Hold) -> None:
-        """Record that ``hold`` is gone and tell everyone who registered ``on_lost``. Once."""
+    def mark_lost(self, hold: Hold, cause: str = "a release found it gone or someone else's") -> None:
+        """Record that ``hold`` is gone and tell everyone who registered ``on_lost``. Once.
+
+        Logged at WARNING with ``lock_name``, ``token``, ``owner`` and ``cause`` as extra
+        fields (a LogRecord's ``name`` is the logger's), counted in the metrics, and traced
+        where the application traces (see ``_telemetry``)."""
         with self.watchdog.mutex:
             if hold.lost:
                 return
             hold.lost = True
-        log.warning("distlock: lease lost on %s (owner %s, token %s)", hold.key, hold.owner, hold.token)
+        meter = hold.meter
+        name = meter.name if meter is not None else hold.key
+        log.warning("distlock: lease lost on %r (token %s, owner %s): %s", name, hold.token,
+                    hold.owner, cause,
+                    extra={"lock_name": name, "token": hold.token, "owner": hold.owner, "cause": cause})
+        if meter is not None:
+            meter.lost()
+        lease_lost(meter, hold.token, cause)
         notify = hold.notify
         if notify is not None:
             for listener in list(hold.listeners):
@@ -205,6 +223,19 @@ class SessionUser:
     _client_arg: ClientArg = None
     _client: Any = None
     _sess: Optional[Session] = None
+    #: what the metrics call this primitive (see ``_metrics``), and its name
+    _metric_kind = ""
+    _name = ""
+    _meter: Optional[Meter] = None
+
+    def _metered(self) -> Meter:
+        """This object's meter (made on first use; made again when ``configure()`` changed
+        the grouping rule)."""
+        meter = self._meter
+        rule = settings().metric_group
+        if meter is None or meter.rule is not rule:
+            meter = self._meter = make_meter(self._metric_kind, self._name, rule)
+        return meter
 
     def _session(self) -> Session:
         session = self._sess

@@ -20,6 +20,7 @@ import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from ._config import settings
+from ._metrics import Meter, renewed
 from ._outcomes import ENDED, RENEWED, renewal
 
 __all__ = ["Hold", "Watchdog", "IDLE_EXIT"]
@@ -50,12 +51,14 @@ class Hold:
 
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
-        "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "__weakref__",
+        "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
+        "__weakref__",
     )
 
     def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
                  watchdog: bool, lease_ms: int, sent_at: float, renew: Renew,
-                 end: Optional[End] = None, notify: Optional[Notify] = None) -> None:
+                 end: Optional[End] = None, notify: Optional[Notify] = None,
+                 meter: Optional[Meter] = None, grant: bool = False) -> None:
         self.session = session
         self.key = key
         self.owner = owner
@@ -79,17 +82,22 @@ class Hold:
         #: what must stay alive while the hold does (the user's client, for a session that
         #: talks through it)
         self.pin: Any = None
+        #: the primitive's meter (``_metrics``): renewals and a lost lease count there
+        self.meter = meter
+        #: for a grant (a lock, a permit; not a waiter's lease): when it was sent, until its
+        #: hold time is recorded (then 0.0)
+        self.granted_at = sent_at if grant else 0.0
 
 
 class Watchdog:
     """The registry of a session's holds and the thread that renews the watchdog ones.
 
     ``executor`` is called for the executor to renew through (its ``renewal_batch``);
-    ``on_lost(hold)`` reports a hold found lost (the session tells the primitives).
+    ``on_lost(hold, cause)`` reports a hold found lost (the session tells the primitives).
     """
 
     def __init__(self, executor: Callable[[], Any], tag: str,
-                 on_lost: Callable[[Hold], None]) -> None:
+                 on_lost: Callable[[Hold, str], None]) -> None:
         self._executor = executor
         self._tag = tag
         self._on_lost = on_lost
@@ -265,38 +273,51 @@ class Watchdog:
                 try:
                     hold.renew(batch, hold, lease_ms)
                     queued.append(hold)
-                except Exception:  # noqa: BLE001 - one primitive's bug is not everyone's loss
+                except Exception as exc:  # noqa: BLE001 - one primitive's bug is not everyone's loss
                     log.exception("distlock: watchdog could not queue the renewal of %s", hold.key)
                     failed = True
-                    self._expire([hold])
+                    self._expire([hold], exc)
             holds = queued
             replies = batch.execute(raise_on_error=False) if holds else []
         except Exception as exc:  # noqa: BLE001 - any failure: retry, and report what ran out
             log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
-            self._expire(holds)
+            failures: Dict[Any, List[int]] = {}
+            for hold in holds:
+                failures.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])[1] += 1
+            _record_renewals(failures, None)
+            self._expire(holds, exc)
             return retry
+        rtt = time.monotonic() - sent_at
+        tally: Dict[Any, List[int]] = {}  # per series: [renewed, failed]
         for hold, reply in zip(holds, replies):
+            counts = tally.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])
             if isinstance(reply, Exception):
                 log.warning("distlock: watchdog renewal of %s failed: %r", hold.key, reply)
                 failed = True
+                counts[1] += 1
                 self._expire([hold])
                 continue
             outcome = renewal(reply)
             if outcome is RENEWED:
+                counts[0] += 1
                 hold.lease_ms = lease_ms
                 hold.expires_at = sent_at + lease_ms / 1000.0
             elif outcome is ENDED:
                 self.drop(hold)  # ended without a loss (a permit released on our behalf)
-            elif not hold.releasing and self.registered(hold):
-                self._on_lost(hold)
+            else:
+                counts[1] += 1
+                if not hold.releasing and self.registered(hold):
+                    self._on_lost(hold, "a renewal found it gone or someone else's")
+        _record_renewals(tally, rtt)
         return retry if failed else None
 
-    def _expire(self, holds: List[Hold]) -> None:
+    def _expire(self, holds: List[Hold], error: Any = None) -> None:
         """Report lost every hold of ``holds`` whose lease has run out unrenewed."""
         now = time.monotonic()
         for hold in holds:
             if now >= hold.expires_at:
-                self._on_lost(hold)
+                cause = "its lease ran out unrenewed"
+                self._on_lost(hold, cause if error is None else f"{cause} ({error!r})")
 
     def _drop_renewer(self) -> None:
         try:
@@ -311,3 +332,10 @@ class Watchdog:
         if join and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=3.0)
         self._drop_renewer()
+
+
+def _record_renewals(tally: Dict[Any, List[int]], rtt: Optional[float]) -> None:
+    """One watchdog round's renewals, into each primitive's series (see ``_metrics``)."""
+    for series, (ok, failed) in tally.items():
+        if series is not None:
+            renewed(series, ok, failed, rtt)
