@@ -12,7 +12,6 @@ holder's host:pid) and differ only in who the owner is:
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import threading
 import time
@@ -38,12 +37,11 @@ from ._outcomes import LOST, Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
 from ._outcomes import lock_reenter as decode_reenter
 from ._outcomes import lock_release as decode_release
-from ._session import Hold, Session, SessionUser, Waiter
+from ._session import Hold, Session, SessionUser, Waiter, add_lost_callback, fire_lost
 from ._waitpolicy import HINTED, LAST, WAIT
 
 __all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "release_into"]
 
-log = logging.getLogger("distlock")
 
 _UNSET: Any = object()
 
@@ -127,9 +125,7 @@ class _LockBase(SessionUser):
         It runs in the watchdog thread when a renewal finds the hold gone or someone else's, or
         in the releasing thread when ``release()`` finds it so. Exceptions it raises are logged.
         """
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
-        self._lost_callbacks.append(callback)
+        add_lost_callback(self._lost_callbacks, callback)
 
     def __enter__(self) -> bool:
         return self.acquire()
@@ -306,11 +302,7 @@ class _LockBase(SessionUser):
         self._call_release(hold.session, hold, 0)
 
     def _fire_lost(self) -> None:
-        for callback in list(self._lost_callbacks):
-            try:
-                callback(self)
-            except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
-                log.exception("distlock: on_lost callback %r failed", callback)
+        fire_lost(self, self._lost_callbacks)
 
     # --- what subclasses define -------------------------------------------------------------
 

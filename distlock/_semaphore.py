@@ -18,7 +18,6 @@ run out, and the waiters, whose sleep is bounded by the first lease to run out, 
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -31,7 +30,7 @@ from ._logic import check_lease, check_name, lease_ms
 from ._outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, Granted, Outcome, renewal
 from ._outcomes import sem_acquire as decode_acquire
 from ._outcomes import sem_release as decode_release
-from ._session import Hold, Session, SessionUser
+from ._session import Hold, Session, SessionUser, add_lost_callback, fire_lost
 from ._synclogic import (
     COUNT_OVERFLOW,
     TOO_MANY_RELEASES,
@@ -49,7 +48,6 @@ from ._waitpolicy import LAST, WAIT
 
 __all__ = ["DistSemaphore", "DistBoundedSemaphore"]
 
-log = logging.getLogger("distlock")
 
 #: Serializes the choice of which local permits a release gives back, across every semaphore
 #: object of the process: two threads releasing at once never pick the same permit.
@@ -238,9 +236,7 @@ class DistSemaphore(SessionUser):
         (the watchdog could not renew it before its lease ran out). It runs in the watchdog
         thread, or in the thread whose ``release()`` finds it; exceptions it raises are
         logged."""
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, not {type(callback).__name__}")
-        self._lost_callbacks.append(callback)
+        add_lost_callback(self._lost_callbacks, callback)
 
     def __repr__(self) -> str:
         initial = self._initial if self._bounded else None
@@ -323,11 +319,7 @@ class DistSemaphore(SessionUser):
         return chosen
 
     def _fire_lost(self) -> None:
-        for callback in list(self._lost_callbacks):
-            try:
-                callback(self)
-            except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
-                log.exception("distlock: on_lost callback %r failed", callback)
+        fire_lost(self, self._lost_callbacks)
 
 
 class DistBoundedSemaphore(DistSemaphore):

@@ -52,8 +52,8 @@ from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
 from ._telemetry import lease_lost
 from ._watchdog import Hold, Watchdog
 
-__all__ = ["Session", "SessionUser", "Hold", "Waiter", "session_for", "wake_count",
-           "wake_idents", "all_sessions", "reset_sessions"]
+__all__ = ["Session", "SessionUser", "add_lost_callback", "fire_lost", "Hold", "Waiter", "session_for",
+           "wake_count", "wake_idents", "all_sessions", "reset_sessions"]
 
 log = logging.getLogger("distlock")
 
@@ -214,6 +214,23 @@ class Session:
                 self.client.connection_pool.disconnect(inuse_connections=self.owns == "pool")
             except Exception:  # noqa: BLE001 - it is being thrown away
                 pass
+
+
+def add_lost_callback(callbacks: List[Callable[[Any], Any]], callback: Callable[[Any], Any]) -> None:
+    """``on_lost``'s check and registration, for every primitive that has one."""
+    if not callable(callback):
+        raise TypeError(f"callback must be callable, not {type(callback).__name__}")
+    callbacks.append(callback)
+
+
+def fire_lost(subject: Any, callbacks: List[Callable[[Any], Any]]) -> None:
+    """Run ``on_lost`` callbacks with ``subject`` (the primitive); what they raise is logged,
+    never propagated (they run in the watchdog thread, among others)."""
+    for callback in list(callbacks):
+        try:
+            callback(subject)
+        except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
+            log.exception("distlock: on_lost callback %r failed", callback)
 
 
 class SessionUser:
