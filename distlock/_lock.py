@@ -63,7 +63,12 @@ class _LockBase(SessionUser):
         self._client_arg = client
         self._lease = check_lease(lease)
         self._keys = Keys(settings().prefix, self._name)
-        self._renew_fn = functools.partial(_renew_exclusive, self._keys.fence)
+        #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
+        #: gives a whole hold back (at interpreter exit; see ``Session.release_all``): made
+        #: once, not per grant
+        self._renew_fn: Callable[[Any, Hold, int], Any] = functools.partial(
+            _renew_exclusive, self._keys.fence)
+        self._end_fn: Callable[[Hold], Any] = self._end
         self._lost_callbacks: List[Callable[[Any], Any]] = []
 
     # --- public surface ---------------------------------------------------------------------
@@ -175,7 +180,10 @@ class _LockBase(SessionUser):
             pass
 
     def _call_release(self, session: Session, hold: Hold, count: int) -> int:
-        return _run_release(self._keys, session, hold, count)
+        args: Tuple[Any, ...] = (hold.owner, hold.token)
+        if count != 1:
+            args += (count,)
+        return int(session.run("lock_release", (self._keys.lock, self._keys.queue), args))
 
     def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> bool:
         session = self._session()
@@ -237,15 +245,11 @@ class _LockBase(SessionUser):
         """The key a hold of this primitive is registered under (and renewed through)."""
         return self._keys.lock
 
-    def _renewer(self) -> Callable[[Any, Hold, int], Any]:
-        """What the watchdog calls to queue one renewal of a hold of this primitive."""
-        return self._renew_fn
-
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
                ms: int, sent_at: float) -> None:
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
-                    lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._ender(),
-                    notify=_notify_lost, meter=self._metered(), grant=True)
+                    lease_ms=ms, sent_at=sent_at, renew=self._renew_fn, end=self._end_fn,
+                    notify=_notify_lost, meter=self._meter, grant=True)
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -293,10 +297,6 @@ class _LockBase(SessionUser):
         taken for an answer."""
         current = hold.session.read("HGET", hold.key, ":t")
         return current is not None and int(current) == hold.token
-
-    def _ender(self) -> Callable[[Hold], Any]:
-        """What gives a whole hold back (at interpreter exit; see ``Session.release_all``)."""
-        return self._end
 
     def _end(self, hold: Hold) -> None:
         self._call_release(hold.session, hold, 0)
@@ -359,16 +359,9 @@ def _renew_exclusive(fence: str, batch: Batch, hold: Hold, ms: int) -> None:
                  (hold.owner, hold.token, ms, ms + settings().fence_retention_ms))
 
 
-def _run_release(keys: Keys, session: Session, hold: Hold, count: int) -> int:
-    """One ``lock_release`` of ``count`` (0: all) of ``hold``; the count left, or -1 if lost."""
-    args: Tuple[Any, ...] = (hold.owner, hold.token)
-    if count != 1:
-        args += (count,)
-    return int(session.run("lock_release", (keys.lock, keys.queue), args))
-
-
 def _end_whole(keys: Keys, hold: Hold) -> None:
-    _run_release(keys, hold.session, hold, 0)
+    """Give a DistLock's whole hold back without a reference to the object (see ``__del__``)."""
+    hold.session.run("lock_release", (keys.lock, keys.queue), (hold.owner, hold.token, 0))
 
 
 class DistLock(_LockBase):
@@ -418,9 +411,6 @@ class DistLock(_LockBase):
 
     def _owner_for(self, session: Session) -> str:
         return f"{session.id}:{os.urandom(6).hex()}"
-
-    def _ender(self) -> Callable[[Hold], Any]:
-        return self._end_fn
 
     def _current(self, session: Session) -> Optional[Hold]:
         hold = self._hold

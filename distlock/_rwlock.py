@@ -155,6 +155,11 @@ class DistReadLock(_RWSide):
 
     _metric_kind = "read"
 
+    def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float]) -> None:
+        super().__init__(name, rw, client=client, lease=lease)
+        # a read hold is a member of the readers' sorted set, renewed as such
+        self._renew_fn = functools.partial(_renew_reader, rw.fence)
+
     _kind = "DistReadLock"
 
     @property
@@ -169,9 +174,6 @@ class DistReadLock(_RWSide):
         """Return True if any reader, in any process on any host, holds the read lock now
         (a reader whose lease ran out does not count)."""
         return int(self._session().run("rw_read_count", (self._rw.readers,), ())) > 0
-
-    def _renewer(self) -> Any:
-        return functools.partial(_renew_reader, self._rw.fence)
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
