@@ -1,7 +1,7 @@
 """The ``distlock`` command line (also ``python -m distlock``).
 
-Subcommands: ``run`` (flock(1) across hosts), ``status``, ``list``, ``release --force``,
-``demo`` and ``bench``. Exit statuses follow sysexits(3) where one fits:
+Subcommands: ``run`` (flock(1) across hosts), ``status``, ``list``, ``top``,
+``release --force``, ``demo`` and ``bench``. Exit statuses follow sysexits(3) where one fits:
 
 - 0 success; a ``run`` passes its command's status through (128 + N for a signal N);
 - 1 a refused or failed admin action (``release`` without ``--force``);
@@ -39,6 +39,7 @@ from ._inspect import (
     exclusive_state,
     free_state,
     name_from_key,
+    pipeline_reply,
     redact_url,
     rw_state,
     scan_pattern,
@@ -63,6 +64,10 @@ RUN_CHECK_EVERY = 1.0
 
 #: Default grace period between SIGTERM and SIGKILL after a lost lease.
 DEFAULT_KILL_AFTER = 10.0
+
+#: ``distlock top``: the default and the shortest time between two refreshes.
+DEFAULT_TOP_INTERVAL = 1.0
+MIN_TOP_INTERVAL = 0.1
 
 FORWARDED_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
@@ -113,6 +118,14 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(False)(text)
+    if value < MIN_TOP_INTERVAL:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_TOP_INTERVAL:g} seconds: {text!r}")
     return value
 
 
@@ -183,6 +196,23 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("pattern", nargs="?", default="*", metavar="PATTERN")
     lst.add_argument("--json", action="store_true", help="machine-readable output")
 
+    top = sub.add_parser(
+        "top", parents=[common], help="a live view of what is held and who waits",
+        description="A live view of one Redis server, refreshed every second: one row per "
+                    "primitive held or waited on (kind, holder host:pid, hold age, lease left, "
+                    "fencing token, waiters and the oldest wait), sorted by the oldest wait. "
+                    "Found with SCAN, never KEYS. Quit with q or Ctrl-C.")
+    top.add_argument("--interval", "-i", type=_interval, default=DEFAULT_TOP_INTERVAL,
+                     metavar="S", help=f"seconds between refreshes (default "
+                                       f"{DEFAULT_TOP_INTERVAL:g}, at least {MIN_TOP_INTERVAL:g})")
+    top.add_argument("--once", action="store_true",
+                     help="print one snapshot and exit (every row, unless --limit)")
+    top.add_argument("--json", action="store_true",
+                     help="print one snapshot as JSON and exit (implies --once)")
+    top.add_argument("--limit", type=_positive_int, metavar="N",
+                     help="show at most N rows (default: as many as fit the terminal; with "
+                          "--once, all)")
+
     release = sub.add_parser(
         "release", parents=[common], help="break a stuck lock (needs --force)",
         description="Break the hold on NAME: delete it, move the fencing token on and wake every "
@@ -235,8 +265,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if command is not None:
         args.command = [*args.command, *command]
     handlers: Dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
-        "run": cmd_run, "status": cmd_status, "list": cmd_list, "release": cmd_release,
-        "demo": cmd_demo, "bench": cmd_bench,
+        "run": cmd_run, "status": cmd_status, "list": cmd_list, "top": cmd_top,
+        "release": cmd_release, "demo": cmd_demo, "bench": cmd_bench,
     }
     url = getattr(args, "url", None)
     if url is None and args.command_name not in ("demo", "bench"):
@@ -282,12 +312,6 @@ def _rw_keys(name: str) -> Any:
     return RWKeys.of(settings().prefix, name)
 
 
-def _reply(value: Any) -> Any:
-    if isinstance(value, (redis.ConnectionError, redis.TimeoutError)):
-        raise value
-    return None if isinstance(value, Exception) else value
-
-
 def fetch_states(client: redis.Redis, names: Sequence[str]) -> List[LockState]:
     """Every primitive held under each name (or one ``free`` state), in one round trip."""
     prefix = settings().prefix
@@ -306,7 +330,7 @@ def fetch_states(client: redis.Redis, names: Sequence[str]) -> List[LockState]:
             pipe.pttl(rw.writer)
             pipe.zrange(rw.readers, 0, -1, withscores=True)
             pipe.zrange(rw.queue, 0, -1, withscores=True)
-    replies = [_reply(r) for r in pipe.execute(raise_on_error=False)]
+    replies = [pipeline_reply(r) for r in pipe.execute(raise_on_error=False)]
     seconds, micros = replies[0]
     now_ms = int(seconds) * 1000 + int(micros) // 1000
     at = 1
@@ -401,6 +425,14 @@ def cmd_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 0
     _print_states(states, args.json)
     return 0
+
+
+def cmd_top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ._top import run_top
+
+    client = _client(args.url, parser)
+    return run_top(client, redact_url(args.url), interval=args.interval, limit=args.limit,
+                   once=args.once, as_json=args.json)
 
 
 def _holder_summary(state: LockState) -> str:

@@ -91,9 +91,12 @@ end
 --@ helper register_waiter uses now_ms
 -- register_waiter(queue, channel, ms): (re)enter a process' channel, at the back, for ms.
 -- Every entry gets the same lease, so the newest one ends last and the registry's TTL is ms.
+-- Returns the server's time (ms), which the caller records as the hold's waiting-since (':s').
 local function register_waiter(queue, channel, ms)
-  redis.call('zadd', queue, now_ms() + ms, channel)
+  local now = now_ms()
+  redis.call('zadd', queue, now + ms, channel)
   redis.call('pexpire', queue, ms)
+  return now
 end
 
 --@ helper wake_one uses now_ms

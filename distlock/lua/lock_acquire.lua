@@ -1,6 +1,8 @@
 -- Acquire, or re-enter, an exclusive owner-counted hold (DistLock, DistRLock).
 -- KEYS[1]  lock hash: owner -> count, ':t' -> fencing token, ':i' -> holder info,
---          ':w' -> present when processes may be waiting (the release then wakes one)
+--          ':l' -> every lease this hold was given, in all (ms): its age is ':l' - PTTL,
+--          ':w' -> present when processes may be waiting (the release then wakes one),
+--          ':s' -> since when a queued process has waited for this hold (server ms)
 -- KEYS[2]  fence: last token granted for this name
 -- KEYS[3]  registry of waiting processes: sorted set, wake-up channel -> entry deadline (ms)
 -- ARGV[1]  owner id
@@ -32,11 +34,15 @@ if mode ~= '' and mode ~= 'w' and mode ~= 'p' then
     return 0
   end
   redis.call('hincrby', KEYS[1], ARGV[1], tonumber(count))
-  if redis.call('pttl', KEYS[1]) < lease then
+  local pttl = redis.call('pttl', KEYS[1])
+  if pttl < lease then
     -- the hold lives longer: so must the counter, as after a renewal (unextended, the hold
     -- is still within what its grant or last renewal gave the counter)
     redis.call('pexpire', KEYS[1], lease)
     outlive_fence(KEYS[2], ARGV[3])
+    if pttl >= 0 then
+      redis.call('hincrby', KEYS[1], ':l', lease - pttl)  -- the age stays ':l' - PTTL
+    end
   end
   return tonumber(mode)
 end
@@ -47,9 +53,16 @@ if present > 0 then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
     if mode == 'w' then
-      register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
-    end
-    if mode ~= 'p' then
+      -- The waiting path only: ':s', since when a queued process has waited for this hold.
+      -- The first to register (no registry yet: present == 1) starts it afresh, as every
+      -- earlier waiter has left; later ones keep it.
+      local since = register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
+      if present > 1 and redis.call('hexists', KEYS[1], ':s') == 1 then
+        redis.call('hset', KEYS[1], ':w', 1)
+      else
+        redis.call('hset', KEYS[1], ':w', 1, ':s', since)
+      end
+    elseif mode ~= 'p' then
       redis.call('hset', KEYS[1], ':w', 1)
     end
     return held_reply(KEYS[1], pttl)
@@ -58,14 +71,15 @@ end
 local token = next_token(KEYS[2], ARGV[3])
 if present > 0 then
   -- processes are registered as waiting: this hold's release must wake the next of them
-  redis.call('hset', KEYS[1], ARGV[1], count, ':t', fmt(token), ':i', ARGV[4], ':w', '1')
+  redis.call('hset', KEYS[1], ARGV[1], count, ':t', fmt(token), ':i', ARGV[4], ':l', ARGV[2],
+             ':w', '1')
 else
-  redis.call('hset', KEYS[1], ARGV[1], count, ':t', fmt(token), ':i', ARGV[4])
+  redis.call('hset', KEYS[1], ARGV[1], count, ':t', fmt(token), ':i', ARGV[4], ':l', ARGV[2])
 end
 if mode == 'w' or mode == 'p' then
   if ARGV[9] == '1' then
-    register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
-    redis.call('hset', KEYS[1], ':w', 1)
+    local since = register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
+    redis.call('hset', KEYS[1], ':w', 1, ':s', since)
   else
     redis.call('zrem', KEYS[3], ARGV[7])
   end

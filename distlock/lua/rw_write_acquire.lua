@@ -1,6 +1,7 @@
 -- Acquire, or re-enter, the write side of a read/write lock; queue or unqueue the caller as a
 -- waiting writer in the same step.
--- KEYS[1]  writer hash: owner -> count, ':t' -> token, ':i' -> holder info, ':r' -> readers wait
+-- KEYS[1]  writer hash: owner -> count, ':t' -> token, ':i' -> holder info, ':r' -> readers wait,
+--          ':l' -> every lease this hold was given, in all (ms): its age is ':l' - PTTL
 -- KEYS[2]  readers: sorted set, '<owner>#<token>' -> lease deadline (server ms)
 -- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
 -- KEYS[4]  fence: last token granted for this name
@@ -29,9 +30,13 @@ if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
     return 0
   end
   redis.call('hincrby', KEYS[1], owner, tonumber(count))
-  if redis.call('pttl', KEYS[1]) < lease then
+  local pttl = redis.call('pttl', KEYS[1])
+  if pttl < lease then
     redis.call('pexpire', KEYS[1], lease)
     outlive_fence(KEYS[4], ARGV[3])  -- the counter outlives the longer hold, as on a renewal
+    if pttl >= 0 then
+      redis.call('hincrby', KEYS[1], ':l', lease - pttl)  -- the age stays ':l' - PTTL
+    end
   end
   return tonumber(mode)
 end
@@ -85,10 +90,12 @@ end
 local token = next_token(KEYS[4], ARGV[3])
 if mode == 'w' or mode == 'x' then
   -- a writer that waited: readers may have been refused behind it, so its release wakes them
-  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[4], ':r', 1)
+  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[4], ':r', 1,
+             ':l', ARGV[2])
   redis.call('zrem', KEYS[3], owner)
 else
-  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[4])
+  redis.call('hset', KEYS[1], owner, count, ':t', string.format('%.0f', token), ':i', ARGV[4],
+             ':l', ARGV[2])
 end
 redis.call('pexpire', KEYS[1], lease)
 return token
