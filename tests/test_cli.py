@@ -70,6 +70,8 @@ time.sleep(60)
 
 def _env(url: Optional[str] = None, **extra: str) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DISTLOCK_URL"}
+    if "PATH" in extra:  # a PATH without redis-server means no server at all, not the chosen one
+        env.pop("DISTLOCK_SERVER_BIN", None)
     if url is not None:
         env["DISTLOCK_URL"] = url
     env.update(extra)
