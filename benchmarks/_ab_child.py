@@ -87,29 +87,15 @@ _load_benchmarks_package()
 import redis  # noqa: E402
 
 from benchmarks import _common as C  # noqa: E402
-from distlock import DistLock, DistRLock  # noqa: E402
 
 assert _inside(C.__file__ or "", HERE), f"benchmark helpers came from {C.__file__}"
 
 FIGURES = ("uncontended", "handoff", "contended")
 
 
-# --- module-level factories, so spawned workers can unpickle them -------------------------------
+# --- the factories: bench_locks' own (module-level, so spawned workers can unpickle them) ----
 
-def make_distlock(client: Any, name: str) -> C.LockHandle:
-    lock = DistLock(name, client=client)
-    return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
-
-
-def make_distrlock(client: Any, name: str) -> C.LockHandle:
-    lock = DistRLock(name, client=client)
-    return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
-
-
-def make_redis_py(client: Any, name: str) -> C.LockHandle:
-    lock = client.lock(name)  # its defaults: no expiry, polls every 0.1 s
-    return C.LockHandle(lambda t: lock.acquire(blocking_timeout=t), lock.release, lock.acquire, lock)
-
+from benchmarks.bench_locks import make_distlock, make_distrlock, make_redis_py  # noqa: E402
 
 # --- figures ------------------------------------------------------------------------------------
 
@@ -206,16 +192,6 @@ def _delete_keys(client: redis.Redis[Any], prefix: str) -> int:
     return int(client.delete(*keys)) if keys else 0
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description="one side of one round of benchmarks/ab.py")
     parser.add_argument("--tree", required=True, help="source tree whose distlock is measured")
@@ -237,7 +213,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if os.path.realpath(args.tree) != TREE:
         parser.error(f"--tree {args.tree} is not the tree already imported ({TREE})")
 
-    import distlock
 
     prefix = f"ab-{args.side}:"
     client = C.connect(args.url)
@@ -248,9 +223,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         deleted = _delete_keys(client, prefix)
         client.close()
     out = {"figure": args.figure, "side": args.side, "round": args.round, "tree": TREE,
-           "distlock_file": distlock.__file__, "seconds": round(time.monotonic() - started, 2),
+           "distlock_file": sys.modules["distlock"].__file__, "seconds": round(time.monotonic() - started, 2),
            "keys_deleted": deleted, **result}
-    sys.stdout.write(json.dumps(_clean(out)) + "\n")
+    sys.stdout.write(json.dumps(C.json_clean(out)) + "\n")
     sys.stdout.flush()
     return 0
 

@@ -678,19 +678,21 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join(out)
 
 
-def write_json(path: str, meta: Mapping[str, Any], rows: Sequence[Row]) -> None:
-    def clean(obj: Any) -> Any:
-        if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
-            return None
-        if isinstance(obj, dict):
-            return {str(k): clean(v) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            return [clean(v) for v in obj]
-        return obj
+def json_clean(obj: Any) -> Any:
+    """``obj`` as strict JSON takes it: NaN and infinities become null, keys strings."""
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): json_clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_clean(v) for v in obj]
+    return obj
 
+
+def write_json(path: str, meta: Mapping[str, Any], rows: Sequence[Row]) -> None:
     payload = {"meta": dict(meta), "rows": [asdict(r) for r in rows]}
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(clean(payload), fh, indent=2)
+        json.dump(json_clean(payload), fh, indent=2)
         fh.write("\n")
 
 

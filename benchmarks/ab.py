@@ -250,16 +250,6 @@ def _problems(rounds: List[Dict[str, Any]]) -> List[str]:
     return found
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def _on_sigterm(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -352,7 +342,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"PROBLEM: {problem}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(_clean({"meta": meta, "summary": summary, "rounds": rounds}), fh, indent=2)
+            json.dump(C.json_clean({"meta": meta, "summary": summary, "rounds": rounds}), fh, indent=2)
             fh.write("\n")
     return 1 if problems else 0
 
