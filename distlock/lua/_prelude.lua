@@ -64,6 +64,19 @@ local function outlive_fence(fence_key, ttl)
   end
 end
 
+--@ helper lengthen_hold uses outlive_fence
+-- lengthen_hold(hash, fence_key, pttl, lease, fence_ttl): a re-entry of an exclusive hold
+-- (its hash has `pttl` ms left) that asks for a longer `lease`: the hash lives that long, the
+-- fence counter outlives it as after a renewal, and the hold's age record (':l', every lease
+-- given in all: age = ':l' - PTTL) grows by what was added.
+local function lengthen_hold(hash, fence_key, pttl, lease, fence_ttl)
+  redis.call('pexpire', hash, lease)
+  outlive_fence(fence_key, fence_ttl)
+  if pttl >= 0 then
+    redis.call('hincrby', hash, ':l', lease - pttl)
+  end
+end
+
 --@ helper held_reply
 -- held_reply(key, pttl): the reply "someone else holds it": -(pttl + 1), where pttl is the
 -- holder's remaining lease in ms (read here unless the caller already has it), 0 when unknown

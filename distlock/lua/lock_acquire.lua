@@ -8,7 +8,7 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
---          that extends the hold extends the counter to at least this (outlive_fence)
+--          that extends the hold extends the counter to at least this (lengthen_hold)
 -- ARGV[4]  holder info (host:pid), kept for `distlock status`
 -- ARGV[5]  mode: absent or '' for a first try; 'w' for a try by a queued waiter; 'p' for a
 --          queued waiter's try that, when it fails, neither registers the process nor flags the
@@ -22,7 +22,7 @@
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(pttl + 1) (<= -1) when someone else holds it, pttl its remaining lease in ms
 --          (0 when unknown); the hold is then flagged so that its release wakes a waiter.
---@ uses next_token outlive_fence held_reply register_waiter fmt
+--@ uses next_token lengthen_hold held_reply register_waiter fmt
 -- Numbers go to Redis as the strings they came in (ARGV) where they can: each conversion of a
 -- Lua number to a command argument, or of a string to a number, costs the server a formatting
 -- or parsing pass, a measurable share of an uncontended grant.
@@ -38,11 +38,7 @@ if mode ~= '' and mode ~= 'w' and mode ~= 'p' then
   if pttl < lease then
     -- the hold lives longer: so must the counter, as after a renewal (unextended, the hold
     -- is still within what its grant or last renewal gave the counter)
-    redis.call('pexpire', KEYS[1], lease)
-    outlive_fence(KEYS[2], ARGV[3])
-    if pttl >= 0 then
-      redis.call('hincrby', KEYS[1], ':l', lease - pttl)  -- the age stays ':l' - PTTL
-    end
+    lengthen_hold(KEYS[1], KEYS[2], pttl, lease, ARGV[3])
   end
   return tonumber(mode)
 end

@@ -9,7 +9,7 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
---          that extends the hold extends the counter to at least this (outlive_fence)
+--          that extends the hold extends the counter to at least this (lengthen_hold)
 -- ARGV[4]  holder info (host:pid)
 -- ARGV[5]  mode: absent or '' try once, never queue; 'q' first try of a wait: queue if refused;
 --          'w' later try of a wait: queue (refresh the entry) if refused, leave the queue if
@@ -22,7 +22,7 @@
 --          -(bound + 1) (<= -1) when refused: another writer holds it (bound = its PTTL) or
 --          readers do (bound = ms until the earliest live reader's lease runs out).
 -- A writer that leaves the queue as the last live waiting writer wakes the readers.
---@ uses next_token outlive_fence held_reply
+--@ uses next_token lengthen_hold held_reply
 local owner, lease, mode, count = ARGV[1], tonumber(ARGV[2]), ARGV[5] or '', ARGV[7] or '1'
 if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
   local f = redis.call('hmget', KEYS[1], owner, ':t')
@@ -32,11 +32,7 @@ if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
   redis.call('hincrby', KEYS[1], owner, tonumber(count))
   local pttl = redis.call('pttl', KEYS[1])
   if pttl < lease then
-    redis.call('pexpire', KEYS[1], lease)
-    outlive_fence(KEYS[4], ARGV[3])  -- the counter outlives the longer hold, as on a renewal
-    if pttl >= 0 then
-      redis.call('hincrby', KEYS[1], ':l', lease - pttl)  -- the age stays ':l' - PTTL
-    end
+    lengthen_hold(KEYS[1], KEYS[4], pttl, lease, ARGV[3])  -- as lock_acquire's re-entry
   end
   return tonumber(mode)
 end
