@@ -9,9 +9,8 @@ error, KeyboardInterrupt) and, for an asyncio driver, a cancellation.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 import redis
 
@@ -21,7 +20,7 @@ from ._outcomes import NAMED, TIMED_OUT, Done, Failed, Granted, Outcome
 from ._telemetry import end_wait, start_wait
 from ._waitpolicy import FIRST, HINTED, Sleep, policy
 
-__all__ = ["Waiting", "wait", "metered"]
+__all__ = ["Waiting", "wait"]
 
 
 class Waiting:
@@ -111,18 +110,6 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
             waiting.unregister()
         _record(waiting.meter, span, outcome, started, hinted_grant)
     return result(waiting, outcome)
-
-
-@contextlib.contextmanager
-def metered(meter: Any, started: float) -> Iterator[None]:
-    """Record a call that does not wait (a re-entry, one try) as acquired, or as an error if
-    it raises; a refusal is recorded by the caller."""
-    try:
-        yield
-    except BaseException:
-        meter.acquired("error", time.monotonic() - started)
-        raise
-    meter.acquired("acquired", time.monotonic() - started)
 
 
 def _record(meter: Any, span: Any, outcome: Any, started: float, hinted_grant: bool) -> None:

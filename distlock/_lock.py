@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import redis
 
 from ._config import ClientArg, check_client, settings
-from ._engine import Waiting, metered, wait
+from ._engine import Waiting, wait
 from ._errors import LockLostError, LockNotOwnedError
 from ._executor import Batch
 from ._logic import (
@@ -195,8 +195,13 @@ class _LockBase(SessionUser):
         sent_at = time.monotonic()
         held = self._current(session)
         if held is not None and self._reentrant == "1":
-            with metered(meter, sent_at):
-                return self._reenter(session, held, ms, count, watchdog)
+            try:
+                self._reenter(session, held, ms, count, watchdog)
+            except BaseException:
+                meter.acquired("error", time.monotonic() - sent_at)
+                raise
+            meter.acquired("acquired", time.monotonic() - sent_at)
+            return True
 
         owner = self._owner_for(session)
         try:
