@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import selectors
+import subprocess
 import time
 from typing import Any, Callable, List, Tuple
 
@@ -53,3 +55,22 @@ def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
         return "ok", fn()
     except Exception as exc:  # noqa: BLE001
         return type(exc).__name__, str(exc)
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The next line of ``proc``'s stdout, waiting at most ``timeout`` seconds."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise AssertionError(f"no output from {proc.args} within {timeout} s")
+    return proc.stdout.readline().strip()
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError):
+        pass

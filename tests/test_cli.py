@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import shutil
 import signal
 import socket
@@ -21,6 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 import redis
+from _support import kill, read_line
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, _cli, configure
@@ -93,28 +93,9 @@ def start(*args: str, url: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def read_line(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> str:
-    """The next line of ``proc``'s stdout, waiting at most ``timeout`` seconds."""
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            raise AssertionError(f"no output from {proc.args} within {timeout} s")
-    return proc.stdout.readline().strip()
-
-
 def finish(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.communicate(timeout=10)
-    except (subprocess.TimeoutExpired, ValueError):
-        pass
 
 
 def status_json(url: str, *names: str) -> List[Dict[str, Any]]:

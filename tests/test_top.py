@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import shlex
 import shutil
 import socket
@@ -23,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 import redis
-from _support import BOUND, distlock_keys, settle
+from _support import BOUND, distlock_keys, kill, read_line, settle
 
 from distlock import (
     DistEvent,
@@ -271,24 +270,6 @@ for t in threads:
     t.join(120)
 print("done", ",".join(sorted(got)), flush=True)
 """
-
-
-def read_line(proc: subprocess.Popen[str], timeout: float = TIMEOUT) -> str:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            raise AssertionError(f"no output from the child within {timeout} s")
-    return proc.stdout.readline().strip()
-
-
-def kill(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    try:
-        proc.communicate(timeout=10)
-    except (subprocess.TimeoutExpired, ValueError):
-        pass
 
 
 @pytest.mark.real_redis
