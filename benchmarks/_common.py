@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar
 
 import redis
 
@@ -660,9 +660,14 @@ def format_table(rows: Sequence[Row]) -> str:
     header = ("figure", "implementation", "value", "unit", "vs floor", "vs redis-py", "notes")
     body = [(r.figure, r.impl, _num(r.value), r.unit, _ratio(r.vs_floor), _ratio(r.vs_redis_py), r.note)
             for r in rows]
-    widths = [max(len(h), *(len(line[i]) for line in body)) if body else len(h)
+    return text_table(header, body, right={2, 4, 5})
+
+
+def text_table(header: Sequence[str], body: Sequence[Sequence[str]], *, right: Set[int]) -> str:
+    """Aligned columns (those in ``right`` right-justified), a rule under the header, and a
+    blank line wherever the first column changes."""
+    widths = [max(len(h), *(len(cells[i]) for cells in body)) if body else len(h)
               for i, h in enumerate(header)]
-    right = {2, 4, 5}
 
     def line(cells: Sequence[str]) -> str:
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]

@@ -220,22 +220,7 @@ def format_summary(summary: Dict[str, Dict[str, Any]], figures: Sequence[str]) -
             body.append((figure, label, better, _fmt(s["base_median"], unit),
                          _fmt(s["current_median"], unit),
                          "" if math.isnan(s["ratio_median"]) else f"{s['ratio_median']:.3f}", spread))
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h)
-              for i, h in enumerate(header)]
-    right = {3, 4, 5, 6}
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    lines = [line(header), line(["-" * w for w in widths])]
-    previous = None
-    for row in body:
-        if previous is not None and row[0] != previous:
-            lines.append("")
-        previous = row[0]
-        lines.append(line(row))
-    return "\n".join(lines)
+    return C.text_table(header, body, right={3, 4, 5, 6})
 
 
 def _problems(rounds: List[Dict[str, Any]]) -> List[str]:
