@@ -19,10 +19,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, TypeVar
 
 from ._config import ClientArg, check_client, settings
-from ._engine import Waiting, wait
+from ._engine import Waiting, waiting_flow
+from ._flow import RUN, Flow
 from ._logic import check_name, lease_ms
 from ._outcomes import (
     JOINED,
@@ -51,6 +52,8 @@ from ._waitpolicy import FIRST, LAST
 __all__ = ["DistBarrier"]
 
 BrokenBarrierError = threading.BrokenBarrierError
+
+T = TypeVar("T")
 
 
 class DistBarrier(SessionUser):
@@ -94,6 +97,9 @@ class DistBarrier(SessionUser):
     """
 
     _metric_kind = "barrier"
+    #: how an interrupted party leaves (``bar_poll``): 'b' breaks the barrier, as threading
+    #: does; the asyncio shell's 'l' leaves a filling barrier as it is, as asyncio does
+    _leave_mode = "b"
 
     def __init__(self, name: str, parties: int, action: Optional[Callable[[], Any]] = None,
                  timeout: Optional[float] = None, *, client: ClientArg = None) -> None:
@@ -126,12 +132,12 @@ class DistBarrier(SessionUser):
     def n_waiting(self) -> int:
         """The number of parties waiting in the current generation now, anywhere (0 while
         broken). One round trip."""
-        return self._info()[1]
+        return self._drive(self._n_waiting_flow())
 
     @property
     def broken(self) -> bool:
         """True if the barrier is broken. One round trip."""
-        return self._info()[0]
+        return self._drive(self._broken_flow())
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """Wait until ``parties`` callers, anywhere, wait on the barrier; return this caller's
@@ -147,52 +153,70 @@ class DistBarrier(SessionUser):
         (TypeError, OverflowError; ValueError for NaN). Redis errors propagate as
         ``redis.exceptions``.
         """
-        seconds = self._timeout if timeout is None else check_barrier_timeout(timeout)
-        session = self._session()
-        waiting = _BarrierWaiting(self, session)
-        waiting.meter = self._metered()
-        try:
-            return int(wait(session, waiting, seconds))
-        finally:
-            if waiting.hold is not None:
-                session.drop_hold(waiting.hold)
+        return self._drive(self._wait_flow(timeout))
 
     def reset(self) -> None:
         """Reset the barrier to its initial state: the parties waiting now, anywhere, raise
         ``threading.BrokenBarrierError``, and the barrier is usable again (no longer broken).
         One round trip."""
-        self._session().run("bar_reset", self._keys.all, ("r", self._parties, self._keep()))
-        self._seen = (False, 0)
+        self._drive(self._reset_flow())
 
     def abort(self) -> None:
         """Put the barrier into the broken state: every party waiting now and every later
         ``wait()``, anywhere, raises ``threading.BrokenBarrierError`` until ``reset()``. One
         round trip."""
-        self._session().run("bar_reset", self._keys.all, ("a", self._parties, self._keep()))
-        self._seen = (True, 0)
+        self._drive(self._abort_flow())
 
     def __repr__(self) -> str:
         broken, waiting = self._seen
         return barrier_repr(self, self._name, broken, waiting, self._parties)
 
-    # --- the machinery ------------------------------------------------------------------------
+    # --- the flows: the operations above, for both shells (see ``_flow``) -------------------
 
+    def _n_waiting_flow(self) -> Flow[int]:
+        return (yield from self._info())[1]
+
+    def _broken_flow(self) -> Flow[bool]:
+        return (yield from self._info())[0]
+
+    def _wait_flow(self, timeout: Optional[float]) -> Flow[int]:
+        """``wait()``: its checks raise before its first round trip."""
+        seconds = self._timeout if timeout is None else check_barrier_timeout(timeout)
+        session = self._session()
+        waiting = _BarrierWaiting(self, session)
+        waiting.meter = self._metered()
+        try:
+            return int((yield from waiting_flow(waiting, seconds)))
+        finally:
+            if waiting.hold is not None:
+                session.drop_hold(waiting.hold)
+
+    def _reset_flow(self) -> Flow[None]:
+        yield (RUN, "bar_reset", self._keys.all, ("r", self._parties, self._keep()))
+        self._seen = (False, 0)
+
+    def _abort_flow(self) -> Flow[None]:
+        yield (RUN, "bar_reset", self._keys.all, ("a", self._parties, self._keep()))
+        self._seen = (True, 0)
+
+    # --- the machinery ------------------------------------------------------------------------
 
     @staticmethod
     def _keep() -> int:
         cfg = settings()
         return broken_keep_ms(cfg.lease, cfg.wait_cap, cfg.queue_cap_factor)
 
-    def _arrive(self, session: Session, wid: str, ms: int, keep: int) -> Tuple[int, int, int]:
-        reply = session.run("bar_wait", self._keys.all,
-                            (wid, ms, self._parties, "1" if self._action else "0", keep))
+    def _arrive(self, wid: str, ms: int, keep: int) -> Flow[Tuple[int, int, int]]:
+        reply = yield (RUN, "bar_wait", self._keys.all,
+                       (wid, ms, self._parties, "1" if self._action else "0", keep))
         return int(reply[0]), int(reply[1]), int(reply[2])
 
-    def _poll(self, session: Session, wid: str, gen: int, mode: str, keep: int) -> int:
-        return int(session.run("bar_poll", self._keys.all, (wid, gen, mode, keep)))
+    def _poll(self, wid: str, gen: int, mode: str, keep: int) -> Flow[int]:
+        return int((yield (RUN, "bar_poll", self._keys.all, (wid, gen, mode, keep))))
 
-    def _info(self) -> Tuple[bool, int]:
-        reply = self._session().run("bar_info", self._keys.all, (self._keep(),))
+    def _info(self) -> Flow[Tuple[bool, int]]:
+        """(broken, waiting), one round trip."""
+        reply = yield (RUN, "bar_info", self._keys.all, (self._keep(),))
         self._seen = (bool(int(reply[0])), int(reply[1]))
         return self._seen
 
@@ -204,7 +228,7 @@ class DistBarrier(SessionUser):
 
         return renew
 
-    def _run_action(self, session: Session, wid: str, gen: int, index: int, keep: int) -> int:
+    def _run_action(self, wid: str, gen: int, index: int, keep: int) -> Flow[int]:
         """The last party: run the action, then trip the generation (or break the barrier)."""
         action = self._action
         assert action is not None
@@ -212,16 +236,16 @@ class DistBarrier(SessionUser):
             action()
         except BaseException:
             self._seen = (True, 0)
-            session.run("bar_done", self._keys.all, (wid, gen, "0", keep))
+            yield (RUN, "bar_done", self._keys.all, (wid, gen, "0", keep))
             raise
-        if type(barrier_done(session.run("bar_done", self._keys.all, (wid, gen, "1", keep)))) is Failed:
+        if type(barrier_done((yield (RUN, "bar_done", self._keys.all, (wid, gen, "1", keep))))) is Failed:
             self._seen = (True, 0)
             raise BrokenBarrierError
         self._seen = (False, 0)
         return index
 
     def _arrived(self, session: Session, wid: str, code: int, index: int, gen: int,
-                 sent_at: float, keep: int) -> Tuple[Outcome, Optional[Hold]]:
+                 sent_at: float, keep: int) -> Flow[Tuple[Outcome, Optional[Hold]]]:
         """What ``bar_wait``'s reply means (``_outcomes.barrier_arrival``): the wait's outcome,
         and the hold whose lease the watchdog now renews (the action's runner, or a waiting
         party)."""
@@ -241,7 +265,11 @@ class DistBarrier(SessionUser):
                     renew=self._renewer("a" if runs else "w"), meter=self._metered())
         session.add_hold(hold)
         if runs:
-            return Done(self._run_action(session, wid, gen, index, keep)), hold
+            try:
+                return Done((yield from self._run_action(wid, gen, index, keep))), hold
+            except BaseException:
+                session.drop_hold(hold)  # the wait never learns of this hold: drop it here
+                raise
         self._seen = (False, index + 1)
         return Busy(None), hold
 
@@ -270,21 +298,21 @@ class _BarrierWaiting(Waiting):
         self._keep = barrier._keep()
         self._index = self._gen = 0
 
-    def attempt(self, mode: str, waiter: Any) -> Outcome:
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         barrier, session = self._barrier, self._session
         if mode == FIRST:
             sent_at = time.monotonic()
-            code, self._index, self._gen = barrier._arrive(session, self.wid, self._ms, self._keep)
-            outcome, self.hold = barrier._arrived(session, self.wid, code, self._index,
-                                                  self._gen, sent_at, self._keep)
+            code, self._index, self._gen = yield from barrier._arrive(self.wid, self._ms, self._keep)
+            outcome, self.hold = yield from barrier._arrived(session, self.wid, code, self._index,
+                                                             self._gen, sent_at, self._keep)
             return outcome
         last = mode == LAST
-        code = barrier._poll(session, self.wid, self._gen, "b" if last else "p", self._keep)
+        code = yield from barrier._poll(self.wid, self._gen, "b" if last else "p", self._keep)
         return barrier._polled(code, self._index, last)
 
-    def abandon(self) -> None:
+    def abandon(self) -> Flow[None]:
         if self.hold is not None and self.hold.key == self._barrier._keys.waiters:
-            self._barrier._poll(self._session, self.wid, self._gen, "b", self._keep)
+            yield from self._barrier._poll(self.wid, self._gen, self._barrier._leave_mode, self._keep)
 
     def named(self) -> int:  # our id in a trip's hint: released, nothing to ask
         self._barrier._seen = (False, 0)

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 import warnings
-from typing import Any, Callable, List, Optional, Set, TypeVar
+from typing import Any, Callable, List, Optional, Set, Tuple, TypeVar
 
 from ._condlogic import (
     CondKeys,
@@ -37,8 +37,9 @@ from ._condlogic import (
     notify_count,
 )
 from ._config import ClientArg, check_client, settings
-from ._engine import Waiting, wait
-from ._lock import DistLock, DistRLock, _LockBase, release_into, session_of
+from ._engine import Waiting, waiting_flow
+from ._flow import RUN, Flow
+from ._lock import _UNSET, DistLock, DistRLock, _LockBase, _ThreadOwned, release_into, session_of
 from ._logic import Keys, check_name, lease_ms
 from ._outcomes import Busy, Outcome, cond_leave
 from ._session import Hold, Session, SessionUser
@@ -77,6 +78,8 @@ class DistCondition(SessionUser):
     """
 
     _metric_kind = "condition"
+    #: lock types whose hold this class releases itself, in the script that joins the queue
+    _atomic_types: Tuple[type, ...] = _ATOMIC_TYPES
 
     acquire: Callable[..., Any]
     release: Callable[..., Any]
@@ -145,6 +148,31 @@ class DistCondition(SessionUser):
         else:
             self._lock.acquire()
 
+    def _release_save_flow(self, session: Session) -> Flow[Any]:
+        """``_release_save``, a flow: the lock's own flow when the lock is a distlock lock on
+        ``session`` whose method is the library's, else the lock's (blocking) method."""
+        lock = self._lock
+        if _flows_of(lock, session):
+            if _unchanged(lock, "_release_save", _ThreadOwned):
+                return (yield from lock._release_all())
+            if not hasattr(lock, "_release_save") and _unchanged(lock, "release", DistLock):
+                yield from lock._release_one()
+                return None
+        return self._release_save()
+
+    def _acquire_restore_flow(self, session: Session, saved: Any) -> Flow[None]:
+        """``_acquire_restore``, a flow, as ``_release_save_flow``."""
+        lock = self._lock
+        if _flows_of(lock, session):
+            if saved is not _SELF_RELEASED and _unchanged(lock, "_acquire_restore", _ThreadOwned):
+                yield from lock._restore(saved)
+                return
+            if ((saved is _SELF_RELEASED or not hasattr(lock, "_acquire_restore"))
+                    and _unchanged(lock, "acquire", _LockBase)):
+                yield from lock._acquire(True, None, _UNSET, 1)  # acquire(), as a flow
+                return
+        self._acquire_restore(saved)
+
     # --- waiting ----------------------------------------------------------------------------
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -168,24 +196,7 @@ class DistCondition(SessionUser):
         dropped connection) it finds out at its next look, at most ``wait_cap`` seconds later
         for the oldest waiter of its process and ``wait_cap * queue_cap_factor`` for the others.
         """
-        if not self._is_owned():
-            raise RuntimeError("cannot wait on un-acquired lock")
-        seconds = check_wait_timeout(timeout)
-        session = self._session()
-        waiting = _CondWaiting(self, session)
-        waiting.meter = self._metered()
-        with self._mutex:
-            self._waiting += 1
-        try:
-            return bool(wait(session, waiting, seconds))
-        finally:
-            try:
-                self._leases.discard(waiting.wid)
-                with self._mutex:
-                    self._waiting -= 1
-            finally:
-                if waiting.saved is not _NOT_RELEASED:
-                    self._acquire_restore(waiting.saved)
+        return self._drive(self._wait_flow(timeout))
 
     def wait_for(self, predicate: Callable[[], T], timeout: Optional[float] = None) -> T:
         """Wait until ``predicate()`` is true, and return its last result.
@@ -195,6 +206,31 @@ class DistCondition(SessionUser):
         same lock. With ``timeout`` (seconds), give up once that much time has passed in all
         and return the predicate's last, false, result. RuntimeError when the lock is not held.
         """
+        return self._drive(self._wait_for_flow(predicate, timeout))
+
+    def _wait_flow(self, timeout: Optional[float]) -> Flow[bool]:
+        """``wait()``, a flow: its checks raise before its first round trip."""
+        if not self._is_owned():
+            raise RuntimeError("cannot wait on un-acquired lock")
+        seconds = check_wait_timeout(timeout)
+        session = self._session()
+        waiting = _CondWaiting(self, session)
+        waiting.meter = self._metered()
+        with self._mutex:
+            self._waiting += 1
+        try:
+            return bool((yield from waiting_flow(waiting, seconds)))
+        finally:
+            try:
+                self._leases.discard(waiting.wid)
+                with self._mutex:
+                    self._waiting -= 1
+            finally:
+                if waiting.saved is not _NOT_RELEASED:
+                    yield from self._acquire_restore_flow(session, waiting.saved)
+
+    def _wait_for_flow(self, predicate: Callable[[], T], timeout: Optional[float]) -> Flow[T]:
+        """``wait_for()``, a flow; ``predicate`` is a plain callable, called in the flow."""
         result = predicate()
         if result:
             return result
@@ -208,7 +244,7 @@ class DistCondition(SessionUser):
                     wait_time = deadline - time.monotonic()
                     if wait_time <= 0:
                         break
-            self.wait(wait_time)
+            yield from self._wait_flow(wait_time)
             result = predicate()
         return result
 
@@ -221,18 +257,14 @@ class DistCondition(SessionUser):
         min(n, number waiting) waiters; does nothing when none wait. Waiters whose process died
         (their lease ran out) are skipped and dropped. One round trip.
         """
-        if not self._is_owned():
-            raise RuntimeError("cannot notify on un-acquired lock")
-        self._notify(notify_count(n))
+        self._drive(self._notify_flow(n))
 
     def notify_all(self) -> None:
         """Wake every waiter that is waiting on this condition now, in any process.
 
         Those who start waiting afterwards are not woken. RuntimeError when the lock is not held.
         """
-        if not self._is_owned():
-            raise RuntimeError("cannot notify on un-acquired lock")
-        self._notify(None)
+        self._drive(self._notify_all_flow())
 
     def notifyAll(self) -> None:  # noqa: N802 - threading's deprecated spelling
         """Wake every waiter; deprecated, use ``notify_all()`` (as in ``threading``)."""
@@ -240,13 +272,28 @@ class DistCondition(SessionUser):
                       DeprecationWarning, stacklevel=2)
         self.notify_all()
 
+    def _notify_flow(self, n: int) -> Flow[None]:
+        """``notify(n)``, a flow: its checks raise before its first round trip."""
+        if not self._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        yield from self._notify_count_flow(notify_count(n))
+
+    def _notify_all_flow(self) -> Flow[None]:
+        """``notify_all()``, a flow: its check raises before its first round trip."""
+        if not self._is_owned():
+            raise RuntimeError("cannot notify on un-acquired lock")
+        yield from self._notify_count_flow(None)
+
     def _notify(self, count: Optional[int]) -> int:
         """Pick ``count`` waiters (None: all); return how many were picked."""
+        return self._drive(self._notify_count_flow(count))
+
+    def _notify_count_flow(self, count: Optional[int]) -> Flow[int]:
+        """``_notify``, a flow."""
         if count == 0:
             return 0
-        session = self._session()
         keys = self._keys
-        return int(session.run("cond_notify", (*keys.state, keys.channel), (notify_arg(count),)))
+        return int((yield (RUN, "cond_notify", (*keys.state, keys.channel), (notify_arg(count),))))
 
     # --- the machinery ----------------------------------------------------------------------
 
@@ -258,36 +305,36 @@ class DistCondition(SessionUser):
             return session_of(lock)
         return super()._session()
 
-    def _join_and_release(self, session: Session, wid: str) -> Any:
+    def _join_and_release(self, session: Session, wid: str) -> Flow[Any]:
         """Join the queue and release the lock; return what restores the lock. From then on
         the watchdog renews the waiter's lease."""
         keys = self._keys
         ms = lease_ms(settings().lease)
         sent_at = time.monotonic()
         # One script for both when the lock is a DistLock/DistRLock on this very session.
-        if type(self._lock) in _ATOMIC_TYPES and session_of(self._lock) is session:
-            saved = self._release_and_join(session, wid, ms)
+        if type(self._lock) in self._atomic_types and session_of(self._lock) is session:
+            saved = yield from self._release_and_join(session, wid, ms)
         else:
-            session.run("cond_wait", keys.state, (wid, ms, "", ""))
+            yield (RUN, "cond_wait", keys.state, (wid, ms, "", ""))
             try:
-                saved = self._release_save()
+                saved = yield from self._release_save_flow(session)
             except BaseException:
-                self._call_leave(session, wid, True)
+                yield from self._call_leave(wid, True)
                 raise
         self._leases.add(session, wid, ms, sent_at, self._metered())
         return saved
 
-    def _release_and_join(self, session: Session, wid: str, ms: int) -> Any:
+    def _release_and_join(self, session: Session, wid: str, ms: int) -> Flow[Any]:
         """DistLock / DistRLock: release the caller's hold and join the queue in one script,
         keeping the lock object's books as its own release would."""
         lock = self._lock
-        count = release_into(lock, session, "cond_wait", self._keys.state, (wid, ms))
+        count = yield from release_into(lock, session, "cond_wait", self._keys.state, (wid, ms))
         if isinstance(lock, DistRLock):
-            return count, threading.get_ident()
+            return count, lock._me()  # what DistRLock._release_save returns
         return _SELF_RELEASED
 
-    def _call_leave(self, session: Session, wid: str, leave: bool) -> int:
-        return int(session.run("cond_leave", self._keys.state, (wid, "1" if leave else "0")))
+    def _call_leave(self, wid: str, leave: bool) -> Flow[int]:
+        return int((yield (RUN, "cond_leave", self._keys.state, (wid, "1" if leave else "0"))))
 
 
 class _CondWaiting(Waiting):
@@ -302,16 +349,28 @@ class _CondWaiting(Waiting):
         self._cond = cond
         self._session = session
 
-    def attempt(self, mode: str, waiter: Any) -> Outcome:
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         if mode == FIRST:
-            self.saved = self._cond._join_and_release(self._session, self.wid)
+            self.saved = yield from self._cond._join_and_release(self._session, self.wid)
             return Busy(None)
         last = mode == LAST
-        return cond_leave(self._cond._call_leave(self._session, self.wid, last), last)
+        return cond_leave((yield from self._cond._call_leave(self.wid, last)), last)
 
-    def abandon(self) -> None:
+    def abandon(self) -> Flow[None]:
         if self.saved is not _NOT_RELEASED:  # queued: leave the queue
-            self._cond._call_leave(self._session, self.wid, True)
+            yield from self._cond._call_leave(self.wid, True)
+
+
+def _flows_of(lock: Any, session: Session) -> bool:
+    """``lock`` is a distlock lock that talks through ``session``: a condition's flow may run
+    the lock's own flows (on the same port) instead of calling its blocking methods."""
+    return isinstance(lock, _LockBase) and session_of(lock) is session
+
+
+def _unchanged(lock: Any, method: str, base: type) -> bool:
+    """``lock``'s ``method`` is ``base``'s own (not overridden by a subclass, nor replaced on
+    the object): the flow behind it does exactly what it does."""
+    return getattr(getattr(lock, method, None), "__func__", None) is getattr(base, method)
 
 
 class _LocalLeases:

@@ -1,10 +1,10 @@
-"""The wait engine for threads: drives ``_waitpolicy.policy`` with blocking I/O.
+"""The wait engine: drives ``_waitpolicy.policy``, as a flow (see ``_flow``) for both shells.
 
 The only place that subscribes, tries, sleeps and cleans up for a waiting primitive. A
-primitive hands it a ``Waiting``: its channel, and how to make one try in each mode (a script
-and the decoding of its reply into an outcome from ``_outcomes``). Every way out goes through
-one ``finally``: a grant, a timeout, a hint that named the waiter, an exception (a Redis
-error, KeyboardInterrupt) and, for an asyncio driver, a cancellation.
+primitive hands it a ``Waiting``: its channel, and how to make one try in each mode (a flow
+that runs a script and decodes its reply into an outcome from ``_outcomes``). Every way out
+goes through one ``finally``: a grant, a timeout, a hint that named the waiter, an exception
+(a Redis error, KeyboardInterrupt) and, in the asyncio shell, a cancellation.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from typing import Any, Optional
 import redis
 
 from ._config import settings
+from ._flow import JOIN, LEAVE, SLEEP, SLOT, Flow, drive
 from ._logic import Deadline
 from ._outcomes import NAMED, TIMED_OUT, Done, Failed, Granted, Outcome
 from ._telemetry import end_wait, start_wait
 from ._waitpolicy import FIRST, HINTED, Sleep, policy
 
-__all__ = ["Waiting", "wait"]
+__all__ = ["Waiting", "wait", "waiting_flow"]
 
 
 class Waiting:
@@ -41,17 +42,21 @@ class Waiting:
     #: every waiter sleeps at most the bound, not only its process' first (see ``policy``)
     strict = False
 
-    def attempt(self, mode: str, waiter: Any) -> Outcome:
-        """One try in ``mode`` (see ``_waitpolicy``); its decoded outcome. A grant is
-        registered (as a hold) before this returns."""
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
+        """One try in ``mode`` (see ``_waitpolicy``), a flow; its decoded outcome. A grant is
+        registered (as a hold) before it returns."""
         raise NotImplementedError
 
-    def abandon(self) -> None:
+    def abandon(self) -> Flow[None]:
         """Interrupted while waiting, with the server reachable: leave any queue now (one
-        round trip; otherwise entries run out by themselves)."""
+        round trip; otherwise entries run out by themselves). A flow."""
+        return
+        yield
 
-    def unregister(self) -> None:
-        """This process' last waiter on the channel left without a grant."""
+    def unregister(self) -> Flow[None]:
+        """This process' last waiter on the channel left without a grant. A flow."""
+        return
+        yield
 
     def named(self) -> Any:
         """What the wait returns when a hint named the waiter."""
@@ -62,6 +67,11 @@ class Waiting:
 
 
 def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str = FIRST) -> Any:
+    """``waiting_flow`` run on a thread's session (blocking)."""
+    return drive(waiting_flow(waiting, timeout, start=start), session)
+
+
+def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIRST) -> Flow[Any]:
     """Wait as ``waiting`` says, at most ``timeout`` seconds (None: as long as it takes).
 
     Return what the final outcome means: True for a grant, the value of ``Done``, ``named()``
@@ -80,17 +90,20 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
     granted = hinted_grant = False
     outcome: Any = None
     try:
-        waiter = session.join(waiting.channel, deadline.remaining(), ident=waiting.ident)
+        waiter = yield (JOIN, waiting.channel, deadline.remaining(), waiting.ident)
         step: Any = next(steps)
         while True:
             if type(step) is Sleep:
-                hinted = session.sleep(waiter, step.bound, step.limit)
+                hinted = yield (SLEEP, waiter, step.bound, step.limit)
                 sent: Any = (hinted, waiter.named)
             elif step.mode == FIRST:
-                sent = waiting.attempt(FIRST, waiter)
+                sent = yield from waiting.attempt(FIRST, waiter)
             else:
-                with session.retry_slots:  # a crowd woken at once takes turns
-                    sent = waiting.attempt(step.mode, waiter)
+                yield (SLOT, True)  # a crowd woken at once takes turns
+                try:
+                    sent = yield from waiting.attempt(step.mode, waiter)
+                finally:
+                    yield (SLOT, False)
                 hinted_grant = step.mode == HINTED
             granted = type(sent) is Granted
             try:
@@ -101,13 +114,13 @@ def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str
     except BaseException as exc:
         if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             try:
-                waiting.abandon()
+                yield from waiting.abandon()
             except redis.RedisError:
                 pass
         raise
     finally:
-        if waiter is not None and session.leave(waiter, granted) and not granted:
-            waiting.unregister()
+        if waiter is not None and (yield (LEAVE, waiter, granted)) and not granted:
+            yield from waiting.unregister()
         _record(waiting.meter, span, outcome, started, hinted_grant)
     return result(waiting, outcome)
 

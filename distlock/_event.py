@@ -14,13 +14,14 @@ from __future__ import annotations
 import functools
 import os
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 import redis
 
 from ._condlogic import check_wait_timeout
 from ._config import ClientArg, check_client, settings
-from ._engine import Waiting, wait
+from ._engine import Waiting, waiting_flow
+from ._flow import READ, RUN, Flow, drive
 from ._logic import check_name
 from ._outcomes import REJOIN, Busy, Outcome, event_wait
 from ._session import Session, SessionUser
@@ -28,6 +29,8 @@ from ._synclogic import EventKeys, entry_ms, event_repr
 from ._waitpolicy import FIRST, LAST, WAIT
 
 __all__ = ["DistEvent"]
+
+T = TypeVar("T")
 
 
 class DistEvent(SessionUser):
@@ -65,9 +68,7 @@ class DistEvent(SessionUser):
 
     def is_set(self) -> bool:
         """Return True if and only if the event is set now, anywhere (one round trip)."""
-        flag = bool(self._session().read("EXISTS", self._keys.flag))
-        self._seen = flag
-        return flag
+        return self._drive(self._is_set_flow())
 
     def isSet(self) -> bool:  # noqa: N802 - threading's deprecated spelling
         """Return True if the event is set; deprecated, use ``is_set()`` (as in ``threading``)."""
@@ -77,16 +78,13 @@ class DistEvent(SessionUser):
     def set(self) -> None:
         """Set the event: every thread waiting for it, in any process on any host, wakes up.
         Threads that call ``wait()`` while it is set do not block at all. One round trip."""
-        keys = self._keys
-        self._session().run("ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken), ())
-        self._seen = True
+        self._drive(self._set_flow())
 
     def clear(self) -> None:
         """Reset the event: ``wait()`` blocks again until the next ``set()``. Waiters that a
         ``set()`` already picked still return True. One round trip: a script (``run``), never
         sent twice, so that it cannot undo a ``set()`` made after it."""
-        self._session().run("ev_clear", (self._keys.flag,), ())
-        self._seen = False
+        self._drive(self._clear_flow())
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the event is set, or until ``timeout`` seconds (a float) pass.
@@ -103,30 +101,50 @@ class DistEvent(SessionUser):
         seconds later for the first waiter of its process and ``wait_cap * queue_cap_factor``
         for the others.
         """
-        seconds = check_wait_timeout(timeout)
-        session = self._session()
-        if seconds == 0:
-            return self.is_set()
-        waiting = _EventWaiting(self, session)
-        waiting.meter = self._metered()
-        return self._saw(wait(session, waiting, seconds))
+        return self._drive(self._wait_flow(timeout))
 
     def __repr__(self) -> str:
         return event_repr(self, self._name, self._seen)
 
+    # --- the flows: the operations above, for both shells (see ``_flow``) -------------------
+
+    def _is_set_flow(self) -> Flow[bool]:
+        flag = bool((yield (READ, "EXISTS", self._keys.flag)))
+        self._seen = flag
+        return flag
+
+    def _set_flow(self) -> Flow[None]:
+        keys = self._keys
+        yield (RUN, "ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken), ())
+        self._seen = True
+
+    def _clear_flow(self) -> Flow[None]:
+        yield (RUN, "ev_clear", (self._keys.flag,), ())
+        self._seen = False
+
+    def _wait_flow(self, timeout: Optional[float]) -> Flow[bool]:
+        """``wait()``: its checks raise before its first round trip."""
+        seconds = check_wait_timeout(timeout)
+        session = self._session()
+        if seconds == 0:
+            return (yield from self._is_set_flow())
+        waiting = _EventWaiting(self, session)
+        waiting.meter = self._metered()
+        return self._saw((yield from waiting_flow(waiting, seconds)))
+
     # --- the machinery ------------------------------------------------------------------------
 
-
-    def _call(self, session: Session, wid: str, mode: str, ms: int, known: int) -> int:
+    def _call(self, wid: str, mode: str, ms: int, known: int) -> Flow[int]:
         keys = self._keys
         args = (wid, mode, ms) if mode == "j" else (wid, mode, ms, known)
-        return int(session.run("ev_wait", (keys.flag, keys.waiters, keys.taken), args))
+        return int((yield (RUN, "ev_wait", (keys.flag, keys.waiters, keys.taken), args)))
 
     def _consume(self, session: Session, wid: str, ms: int, known: int) -> None:
         """Take our entry out of the set()'s ``taken`` set, so nothing is left behind. The hint
-        already proved the set; if Redis cannot be reached now, the entry expires by itself."""
+        already proved the set; if Redis cannot be reached now, the entry expires by itself.
+        Blocking: it runs in the session's watchdog thread (``Session.defer``)."""
         try:
-            self._call(session, wid, "p", ms, known)
+            drive(self._call(wid, "p", ms, known), session)
         except redis.RedisError:
             pass
 
@@ -150,23 +168,23 @@ class _EventWaiting(Waiting):
         self._ms = entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
         self._known = 0  # our entry, once joined (its score), for the script to check
 
-    def attempt(self, mode: str, waiter: Any) -> Outcome:
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         call = self._event._call
         if mode == FIRST:
-            code = call(self._session, self.wid, "j", self._ms, 0)
+            code = yield from call(self.wid, "j", self._ms, 0)
         else:
-            code = call(self._session, self.wid, self._modes[mode], self._ms, self._known)
+            code = yield from call(self.wid, self._modes[mode], self._ms, self._known)
         outcome = event_wait(code, mode == LAST)
         if outcome is REJOIN:  # our entry ran out before anyone took it: join again
-            code = call(self._session, self.wid, "j", self._ms, 0)
+            code = yield from call(self.wid, "j", self._ms, 0)
             outcome = event_wait(code, False)
         if type(outcome) is Busy:
             self._known = code
         return outcome
 
-    def abandon(self) -> None:
+    def abandon(self) -> Flow[None]:
         if self._known > 0:
-            self._event._call(self._session, self.wid, "l", self._ms, self._known)
+            yield from self._event._call(self.wid, "l", self._ms, self._known)
 
     def named(self) -> bool:
         # Taking our entry out of the set()'s 'taken' set changes nothing we return: it runs in

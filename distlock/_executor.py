@@ -29,6 +29,7 @@ not run), groups a renewal batch per node and subscribes per node.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from typing import Any, Callable, Dict, List, Tuple
@@ -40,7 +41,8 @@ from ._clients import renewer
 from ._config import settings
 from ._scripts import locate, script_names, script_source
 
-__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "executor_for", "sender"]
+__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "executor_for", "sender", "packer", "taker",
+           "located"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
 #: plus the pub/sub and watchdog ones).
@@ -98,7 +100,7 @@ class Executor:
                     script.sha = self.client.script_load(script.script)
             return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
         except redis.exceptions.ResponseError as exc:
-            raise _located(name, exc) from None
+            raise located(name, exc) from None
         finally:
             gate.append(None)
             if self._gate_waiting:
@@ -179,7 +181,7 @@ class Batch:
 
     def execute(self, raise_on_error: bool = True) -> List[Any]:
         """The replies, in order; with ``raise_on_error`` false, errors among them."""
-        replies = [_located(name, reply) if name and isinstance(reply, redis.exceptions.ResponseError)
+        replies = [located(name, reply) if name and isinstance(reply, redis.exceptions.ResponseError)
                    else reply
                    for name, reply in zip(self._names, self._pipe.execute(raise_on_error=False))]
         if raise_on_error:
@@ -196,7 +198,7 @@ def _disconnect(client: Any) -> None:
         pass
 
 
-def _located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
+def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
     """``exc`` with its line numbers in the script's own files (see ``_scripts.locate``)."""
     message = locate(name, str(exc))
     if message == str(exc):
@@ -266,13 +268,16 @@ def _takes_no_command_name(pool: Any) -> bool:
     return first is None or first.default is not inspect.Parameter.empty
 
 
-def _pooled(pool: Any) -> Callable[..., Any]:
-    take = pool.get_connection
-    if not _takes_no_command_name(pool):
-        def take() -> Any:
-            return pool.get_connection("EVALSHA")
-    give_back = pool.release
-    encoder = pool.get_encoder()
+def taker(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as this redis-py version wants it called (a coroutine function
+    for an asyncio pool)."""
+    if _takes_no_command_name(pool):
+        return pool.get_connection  # type: ignore[no-any-return]
+    return functools.partial(pool.get_connection, "EVALSHA")
+
+
+def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
+    """A function that packs one command for ``encoder``'s connections (sync or asyncio)."""
     encoding, errors, encode = encoder.encoding, encoder.encoding_errors, encoder.encode
 
     def pack(args: Tuple[Any, ...]) -> List[bytes]:
@@ -292,6 +297,14 @@ def _pooled(pool: Any) -> Callable[..., Any]:
                 data = encode(arg)
             parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
         return [b"".join(parts)]
+
+    return pack
+
+
+def _pooled(pool: Any) -> Callable[..., Any]:
+    take = taker(pool)
+    give_back = pool.release
+    pack = packer(pool.get_encoder())
 
     def execute(*args: Any) -> Any:
         packed = pack(args)

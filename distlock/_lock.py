@@ -15,14 +15,15 @@ import functools
 import os
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
 import redis
 
 from ._config import ClientArg, check_client, settings
-from ._engine import Waiting, wait
+from ._engine import Waiting, waiting_flow
 from ._errors import LockLostError, LockNotOwnedError
 from ._executor import Batch
+from ._flow import READ, RUN, Flow, drive
 from ._logic import (
     Keys,
     check_acquire_args,
@@ -44,6 +45,7 @@ __all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "rele
 
 
 _UNSET: Any = object()
+T = TypeVar("T")
 
 
 class _LockBase(SessionUser):
@@ -59,7 +61,7 @@ class _LockBase(SessionUser):
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
         self._name = check_name(name)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         self._client_arg = client
         self._lease = check_lease(lease)
         self._keys = Keys(settings().prefix, self._name)
@@ -89,7 +91,7 @@ class _LockBase(SessionUser):
         ``redis.exceptions``; they never turn into False.
         """
         blocking_, timeout_ = check_acquire_args(blocking, timeout)
-        return self._acquire(blocking_, timeout_, _UNSET, 1)
+        return self._drive(self._acquire(blocking_, timeout_, _UNSET, 1))
 
     def try_lock(self, timeout: Optional[float] = 0.0, lease: Optional[float] = None) -> bool:
         """Try to take the lock for at most ``timeout`` seconds; ``tryLock(wait, lease)``.
@@ -99,13 +101,19 @@ class _LockBase(SessionUser):
         a number of seconds makes this hold expire by itself after that long, never renewed.
         Return True when the lock was taken.
         """
+        return self._drive(self._try_lock(timeout, lease))
+
+    def locked(self) -> bool:
+        """Return True if anyone, in any process on any host, holds the lock (one round trip)."""
+        return self._drive(self._locked())
+
+    def _try_lock(self, timeout: Optional[float], lease: Optional[float]) -> Flow[bool]:
         timeout_ = check_try_lock_timeout(timeout)
         lease_ = self._lease if lease is None else check_lease(lease)
         return self._acquire(True, timeout_, lease_, 1)
 
-    def locked(self) -> bool:
-        """Return True if anyone, in any process on any host, holds the lock (one round trip)."""
-        return bool(self._session().read("EXISTS", self._keys.lock))
+    def _locked(self) -> Flow[bool]:
+        return bool((yield (READ, "EXISTS", self._keys.lock)))
 
     @property
     def token(self) -> Optional[int]:
@@ -141,7 +149,7 @@ class _LockBase(SessionUser):
     # --- the shared machinery ---------------------------------------------------------------
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
-                      waiter: Optional[Waiter] = None) -> int:
+                      waiter: Optional[Waiter] = None) -> Flow[int]:
         """One try. ``mode``: '' first try, 'w' a queued waiter's try, 'p' a try answering a
         hint (not registering), else the token being re-entered."""
         keys = self._keys
@@ -152,40 +160,43 @@ class _LockBase(SessionUser):
         elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
         try:
-            return int(session.run("lock_acquire", (keys.lock, keys.fence, keys.queue), args))
-        except (redis.ConnectionError, redis.TimeoutError):
+            return int((yield (RUN, "lock_acquire", (keys.lock, keys.fence, keys.queue), args)))
+        except redis.ResponseError:
+            raise  # the script did not run, or failed: nothing was granted
+        except BaseException:
             if mode in ("", "w", "p"):
-                self._undo_lost_grant(session, owner)
+                yield from self._undo_lost_grant(owner)
             raise
 
-    def _undo_lost_grant(self, session: Session, owner: str) -> None:
-        """The reply of a try for a new hold was lost, and the try may have run (it is never
-        sent again: DESIGN principle 13). Read what happened; if the hold was granted, give
-        it back, since the caller is told the acquire failed. If the server cannot be reached
-        now either, a grant that did happen ends with its lease."""
+    def _undo_lost_grant(self, owner: str) -> Flow[None]:
+        """The reply of a try for a new hold was lost (the connection failed, or the caller
+        was interrupted or cancelled while it waited for it), and the try may have run (it is
+        never sent again: DESIGN principle 13). Read what happened; if the hold was granted,
+        give it back, since the caller is told the acquire failed. If the server cannot be
+        reached now either, a grant that did happen ends with its lease."""
         keys = self._keys
         try:
-            count, token = session.read("HMGET", keys.lock, owner, ":t")
+            count, token = yield (READ, "HMGET", keys.lock, owner, ":t")
             if count is not None and token is not None:
-                session.run("lock_release", (keys.lock, keys.queue), (owner, token, 0))
+                yield (RUN, "lock_release", (keys.lock, keys.queue), (owner, token, 0))
         except redis.RedisError:
             pass
 
-    def _unregister(self, session: Session, channel: str) -> None:
+    def _unregister(self, channel: str) -> Flow[None]:
         """The process' last waiter left without the lock: leave the registry, so that no
         release wakes this process for nothing (best effort: the entry expires anyway)."""
         try:
-            session.run("lock_unwait", (self._keys.queue,), (channel,))
+            yield (RUN, "lock_unwait", (self._keys.queue,), (channel,))
         except redis.RedisError:
             pass
 
-    def _call_release(self, session: Session, hold: Hold, count: int) -> int:
+    def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         args: Tuple[Any, ...] = (hold.owner, hold.token)
         if count != 1:
             args += (count,)
-        return int(session.run("lock_release", (self._keys.lock, self._keys.queue), args))
+        return int((yield (RUN, "lock_release", (self._keys.lock, self._keys.queue), args)))
 
-    def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> bool:
+    def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> Flow[bool]:
         session = self._session()
         lease_s = self._lease if lease is _UNSET else lease
         watchdog = lease_s is None
@@ -196,7 +207,7 @@ class _LockBase(SessionUser):
         held = self._current(session)
         if held is not None and self._reentrant == "1":
             try:
-                self._reenter(session, held, ms, count, watchdog)
+                yield from self._reenter(session, held, ms, count, watchdog)
             except BaseException:
                 meter.acquired("error", time.monotonic() - sent_at)
                 raise
@@ -205,7 +216,7 @@ class _LockBase(SessionUser):
 
         owner = self._owner_for(session)
         try:
-            reply = self._first_try(session, owner, ms, count, blocking and timeout != 0)
+            reply = yield from self._first_try(session, owner, ms, count, blocking and timeout != 0)
         except BaseException:
             meter.acquired("error", time.monotonic() - sent_at)
             raise
@@ -218,12 +229,12 @@ class _LockBase(SessionUser):
             return False
         waiting = self._waiting(session, owner, ms, count, watchdog)
         waiting.meter, waiting.started = meter, sent_at
-        return bool(wait(session, waiting, timeout, start=WAIT))
+        return bool((yield from waiting_flow(waiting, timeout, start=WAIT)))
 
-    def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> int:
+    def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> Flow[int]:
         """The try before any waiting (the uncontended path): its raw reply, a token > 0 on a
         grant. ``waits``: a refusal will be followed by a wait."""
-        return self._call_acquire(session, owner, ms, count, "")
+        return (yield from self._call_acquire(session, owner, ms, count, ""))
 
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
         """The wait after a refused first try. Each process waits on its own channel for this
@@ -231,11 +242,12 @@ class _LockBase(SessionUser):
         waiting process, not every subscriber."""
         return _LockWaiting(self, session, owner, ms, count, watchdog)
 
-    def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> bool:
+    def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> Flow[bool]:
         if held.lost:
             raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
                                 name=self._name, token=held.token)
-        if decode_reenter(self._call_acquire(session, held.owner, ms, count, str(held.token))) is LOST:
+        reply = yield from self._call_acquire(session, held.owner, ms, count, str(held.token))
+        if decode_reenter(reply) is LOST:
             session.mark_lost(held)
             raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
                                 name=self._name, token=held.token)
@@ -259,7 +271,7 @@ class _LockBase(SessionUser):
         self._remember(hold)
         session.add_hold(hold)
 
-    def _release(self, hold: Hold, session: Session, count: int) -> int:
+    def _release(self, hold: Hold, session: Session, count: int) -> Flow[int]:
         """Give back ``count`` (0: all) of ``hold``; return the count still held.
 
         Raise LockLostError, after running the ``on_lost`` callbacks, when the hold turns out
@@ -275,7 +287,7 @@ class _LockBase(SessionUser):
                                 name=self._name, token=hold.token)
         hold.releasing = True  # a renewal racing this release must not call the hold lost
         try:
-            outcome = decode_release(self._call_release(session, hold, count))
+            outcome = decode_release((yield from self._call_release(hold, count)))
         except BaseException:
             # The server may or may not have released it; stop renewing so that, at worst, the
             # hold ends with its lease.
@@ -304,7 +316,7 @@ class _LockBase(SessionUser):
         return current is not None and int(current) == hold.token
 
     def _end(self, hold: Hold) -> None:
-        self._call_release(hold.session, hold, 0)
+        drive(self._call_release(hold, 0), hold.session)
 
     def _fire_lost(self) -> None:
         fire_lost(self, self._lost_callbacks)
@@ -312,7 +324,12 @@ class _LockBase(SessionUser):
     # --- what subclasses define -------------------------------------------------------------
 
     def release(self) -> None:
+        self._drive(self._release_one())
+
+    def _release_one(self) -> Flow[None]:
+        """``release()``, a flow: its checks raise before its first round trip."""
         raise NotImplementedError
+        yield
 
     def _owner_for(self, session: Session) -> str:
         raise NotImplementedError
@@ -341,17 +358,18 @@ class _LockWaiting(Waiting):
         self._session = session
         self._grant_args = (owner, ms, count, watchdog)
 
-    def attempt(self, mode: str, waiter: Any) -> Outcome:
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         sent_at = time.monotonic()
-        outcome = decode_acquire(lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter))
+        reply = yield from lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter)
+        outcome = decode_acquire(reply)
         if type(outcome) is Granted:
             lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
         return outcome
 
-    def unregister(self) -> None:
-        self._lock._unregister(self._session, self.channel)
+    def unregister(self) -> Flow[None]:
+        return (yield from self._lock._unregister(self.channel))
 
 
 def _notify_lost(lock: _LockBase) -> None:
@@ -365,7 +383,8 @@ def _renew_exclusive(fence: str, batch: Batch, hold: Hold, ms: int) -> None:
 
 
 def _end_whole(keys: Keys, hold: Hold) -> None:
-    """Give a DistLock's whole hold back without a reference to the object (see ``__del__``)."""
+    """Give a DistLock's whole hold back without a reference to the object (see ``__del__``);
+    blocking (the watchdog thread, or interpreter exit)."""
     hold.session.run("lock_release", (keys.lock, keys.queue), (hold.owner, hold.token, 0))
 
 
@@ -406,13 +425,16 @@ class DistLock(_LockBase):
         LockLostError when its lease was lost meanwhile (the lock is then someone else's or
         free, and stays as it is).
         """
+        self._drive(self._release_one())
+
+    def _release_one(self) -> Flow[None]:
         session = self._session()
         with self._mutex:
             hold = self._hold
             if hold is None or hold.session is not session:
                 raise LockNotOwnedError(self._unowned_message, name=self._name)
             self._hold = None
-        self._release(hold, session, 1)
+        yield from self._release(hold, session, 1)
 
     def _owner_for(self, session: Session) -> str:
         return f"{session.id}:{os.urandom(6).hex()}"
@@ -454,11 +476,14 @@ class _ThreadOwned(_LockBase):
         Raise LockNotOwnedError (a RuntimeError) when the calling thread does not hold it, and
         LockLostError when its lease was lost meanwhile.
         """
+        self._drive(self._release_one())
+
+    def _release_one(self) -> Flow[None]:
         session = self._session()
         hold = self._current(session)
         if hold is None:
             raise LockNotOwnedError(self._unowned_message, name=self._name)
-        self._release(hold, session, 1)
+        yield from self._release(hold, session, 1)
 
     def _is_owned(self) -> bool:
         return self.owned()
@@ -469,24 +494,35 @@ class _ThreadOwned(_LockBase):
 
     def _release_save(self) -> Tuple[int, int]:
         """Release the calling thread's hold whatever its depth; return what restores it."""
+        return self._drive(self._release_all())
+
+    def _release_all(self) -> Flow[Tuple[int, Any]]:
         session = self._session()
         hold = self._current(session)
         if hold is None:
             raise LockNotOwnedError(self._unowned_message, name=self._name)
         count = hold.count
-        self._release(hold, session, 0)
-        return count, threading.get_ident()
+        yield from self._release(hold, session, 0)
+        return count, self._me()
 
     def _acquire_restore(self, state: Tuple[int, int]) -> None:
         """Take the hold back at the depth ``_release_save`` returned (a new grant, new token)."""
+        self._drive(self._restore(state))
+
+    def _restore(self, state: Tuple[int, Any]) -> Flow[bool]:
         count, _owner = state
-        self._acquire(True, None, _UNSET, count)
+        return (yield from self._acquire(True, None, _UNSET, count))
+
+    @staticmethod
+    def _me() -> Any:
+        """Who owns a hold: the calling thread (the asyncio shell: the current task)."""
+        return threading.get_ident()
 
     def _owner_for(self, session: Session) -> str:
-        return f"{session.id}:{threading.get_ident()}"
+        return f"{session.id}:{self._me()}"
 
     def _current(self, session: Session) -> Optional[Hold]:
-        return session.holds.get((self._hold_key, f"{session.id}:{threading.get_ident()}"))
+        return session.holds.get((self._hold_key, f"{session.id}:{self._me()}"))
 
     def _remember(self, hold: Hold) -> None:
         pass  # the session's registry is where thread-owned holds live
@@ -536,7 +572,7 @@ def still_held(lock: _LockBase, hold: Hold) -> bool:
 
 
 def release_into(lock: _LockBase, session: Session, script: str, keys: Tuple[str, ...],
-                 args: Tuple[Any, ...]) -> int:
+                 args: Tuple[Any, ...]) -> Flow[int]:
     """Release the caller's whole hold of ``lock`` inside ``script``, which also does its own
     work (a condition's ``cond_wait`` joins its queue): it gets ``keys`` plus the lock's hash
     and registry, and ``args`` plus the hold's owner and token, and replies -1 when the hold
@@ -551,8 +587,8 @@ def release_into(lock: _LockBase, session: Session, script: str, keys: Tuple[str
     count = hold.count
     lock._forget(hold)
     try:
-        reply = int(session.run(script, (*keys, lock._keys.lock, lock._keys.queue),
-                                (*args, hold.owner, hold.token)))
+        reply = int((yield (RUN, script, (*keys, lock._keys.lock, lock._keys.queue),
+                            (*args, hold.owner, hold.token))))
     finally:
         hold.count = 0
         session.drop_hold(hold)

@@ -23,7 +23,7 @@ import redis
 
 from ._config import settings
 
-__all__ = ["Dispatcher", "Waiter", "wake_count", "wake_idents", "UNSUBSCRIBE_AFTER"]
+__all__ = ["Board", "Dispatcher", "Waiter", "wake_count", "wake_idents", "UNSUBSCRIBE_AFTER"]
 
 log = logging.getLogger("distlock")
 
@@ -48,8 +48,10 @@ class Waiter:
 
     __slots__ = ("event", "channel", "ident", "named", "hinted")
 
-    def __init__(self, channel: Channel, ident: Optional[str] = None) -> None:
-        self.event = threading.Event()
+    def __init__(self, channel: Channel, ident: Optional[str] = None,
+                 event: Callable[[], Any] = threading.Event) -> None:
+        #: a ``threading.Event`` (an ``asyncio.Event`` in the asyncio shell's dispatcher)
+        self.event = event()
         self.channel = channel
         self.ident = ident
         self.named = False
@@ -60,78 +62,46 @@ class Waiter:
 class Channel:
     __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up")
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, event: Callable[[], Any] = threading.Event) -> None:
         self.name = name
         self.refs = 0
         self.pending = 0  # SUBSCRIBE commands sent whose confirmation has not arrived yet
-        self.confirmed = threading.Event()
+        self.confirmed = event()
         self.waiters: Deque[Waiter] = collections.deque()
         self.idle_since = 0.0
         self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
 
 
-class Dispatcher:
-    """Channels, their waiters, and the thread that reads the pub/sub connection.
-
-    ``executor`` is called for the executor whose ``pubsub()`` opens the pub/sub connection
-    (each time one is opened: after a failure, or when the thread starts again after it had
-    exited idle).
+class Board:
+    """The bookkeeping of one pub/sub connection's channels and waiters, without I/O: what a
+    dispatcher for threads (``Dispatcher``) and one for an event loop
+    (``_apubsub.AsyncDispatcher``) share. ``event`` makes the waiters' and channels' events
+    (``threading.Event`` or ``asyncio.Event``: both have ``set``, ``clear`` and ``is_set``).
     """
 
-    def __init__(self, executor: Callable[[], Any], tag: str) -> None:
-        self._executor = executor
-        self._tag = tag
+    event: Callable[[], Any] = threading.Event
+
+    def __init__(self) -> None:
         self.mutex = threading.Lock()
-        #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
-        #: threads' first subscribes would each open a connection, one of them orphaned with its
-        #: channels (their wake-ups lost, waiters left to their polling bound).
-        self._io = threading.Lock()
         self.channels: Dict[str, Channel] = {}
         self._pubsub: Any = None
-        self._thread: Optional[threading.Thread] = None
         self.reconnects = 0
         self.closed = False
 
-    # --- waiting ----------------------------------------------------------------------------
-
-    def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
-        """Subscribe to ``channel_name`` (if this process is not yet) and queue a waiter on it.
-
-        Wait for the server's confirmation of the subscription at most ``bound`` seconds, so a
-        release that happens after the caller's next try is never missed in normal operation.
-        """
-        with self.mutex:
-            if self._thread is None and not self.closed:
-                self._connect_locked()
-                self._thread = threading.Thread(
-                    target=self._loop, name=f"distlock-pubsub-{self._tag}", daemon=True)
-                self._thread.start()
-            chan = self.channels.get(channel_name)
-            if chan is None:
-                chan = self.channels[channel_name] = Channel(channel_name)
-            chan.refs += 1
-            waiter = Waiter(chan, ident)
-            chan.waiters.append(waiter)
-            pubsub = self._pubsub
-            send = chan.pending == 0 and not chan.confirmed.is_set() and pubsub is not None
-            if send:
-                chan.pending += 1
-        try:
-            if send:
-                try:
-                    with self._io:
-                        pubsub.subscribe(channel_name)
-                except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
-                    log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
-            if bound is None or bound > 0:
-                cap = settings().wait_cap
-                chan.confirmed.wait(cap if bound is None else min(bound, cap))
-        except BaseException:
-            # Interrupted (KeyboardInterrupt, a non-Redis error) before the caller had the
-            # waiter: nobody else can take it off its queue.
-            self.leave(waiter, False)
-            raise
-        return waiter
+    def _enqueue(self, channel_name: str, ident: Optional[str]) -> tuple[Waiter, Any]:
+        """Queue a new waiter on ``channel_name``; return it and the pub/sub connection to
+        send SUBSCRIBE on (None: already subscribed, or on its way). Holds the mutex."""
+        chan = self.channels.get(channel_name)
+        if chan is None:
+            chan = self.channels[channel_name] = Channel(channel_name, self.event)
+        chan.refs += 1
+        waiter = Waiter(chan, ident, self.event)
+        chan.waiters.append(waiter)
+        pubsub = self._pubsub
+        send = chan.pending == 0 and not chan.confirmed.is_set() and pubsub is not None
+        if send:
+            chan.pending += 1
+        return waiter, pubsub if send else None
 
     def leave(self, waiter: Waiter, acquired: bool) -> bool:
         """Take ``waiter`` off its queue; return True when it was the last one on its channel.
@@ -156,26 +126,17 @@ class Dispatcher:
                 chan.idle_since = time.monotonic()
             return not chan.waiters
 
-    def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
-        """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
-        this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
-        the head's place in order: a head that leaves without the lock hands a wake-up on, and
-        one that leaves with it promotes the next, which then sleeps out the head's bound.
-        ``limit`` (e.g. the caller's time left) caps either bound. Return True when a hint
-        (not the bound) ended the sleep."""
+    @staticmethod
+    def _bound(waiter: Waiter, head_bound: float, limit: Optional[float]) -> float:
+        """How long ``waiter`` sleeps now (see ``Dispatcher.sleep``)."""
         chan = waiter.channel
-        started = time.monotonic()
-        while not waiter.hinted:
-            bound = head_bound
-            if not (chan.waiters and chan.waiters[0] is waiter):
-                bound = head_bound * settings().queue_cap_factor
-            if limit is not None:
-                bound = min(bound, limit)
-            left = bound - (time.monotonic() - started)
-            if left <= 0:
-                break
-            waiter.event.wait(left)
-            waiter.event.clear()  # a promotion (the head left) only re-reads the bound
+        bound = head_bound
+        if not (chan.waiters and chan.waiters[0] is waiter):
+            bound = head_bound * settings().queue_cap_factor
+        return bound if limit is None else min(bound, limit)
+
+    def _take_hint(self, waiter: Waiter) -> bool:
+        """The end of a sleep: whether a hint ended it (and forget that hint)."""
         with self.mutex:
             hinted = waiter.hinted
             waiter.hinted = False
@@ -183,7 +144,7 @@ class Dispatcher:
         return hinted
 
     def busy(self) -> bool:
-        """True while any thread of this process waits on any channel."""
+        """True while any waiter of this process waits on any channel."""
         with self.mutex:
             return any(chan.refs > 0 for chan in self.channels.values())
 
@@ -196,53 +157,41 @@ class Dispatcher:
         with self.mutex:
             return [c.name for c in self.channels.values() if c.confirmed.is_set()]
 
-    @property
-    def running(self) -> bool:
-        thread = self._thread
-        return thread is not None and thread.is_alive()
-
-    # --- the thread ---------------------------------------------------------------------------
-
-    def _connect_locked(self) -> None:
-        self._pubsub = self._executor().pubsub()
+    def _reset_channels(self) -> None:
+        """A new pub/sub connection: every channel must be subscribed again (holds the mutex)."""
         for chan in self.channels.values():
             chan.was_up = chan.was_up or chan.confirmed.is_set()
             chan.confirmed.clear()
             chan.pending = 0
 
-    def _loop(self) -> None:
-        backoff = 0.05
-        while not self.closed:
-            pubsub = self._pubsub
-            try:
-                self._resubscribe_if_needed(pubsub)
-                message = pubsub.get_message(timeout=TICK)
-                backoff = 0.05
-            except Exception as exc:  # noqa: BLE001 - this thread must outlive any failure
-                if self.closed:
-                    break
-                self._on_broken(exc)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-                continue
-            try:
-                if message is not None:
-                    self._handle(message)
-                if self._unsubscribe_idle(pubsub):
-                    return  # nothing left to wait on: the thread and its connection go
-            except Exception:  # noqa: BLE001 - a surprise in one message must not stop the rest
-                log.exception("distlock: pub/sub dispatcher error")
-        _close_quietly(pubsub)
-
-    def _resubscribe_if_needed(self, pubsub: Any) -> None:
+    def _to_resubscribe(self) -> List[str]:
+        """The channels with waiters that are neither subscribed nor on their way; counted as
+        on their way from now."""
         with self.mutex:
             names = [c.name for c in self.channels.values()
                      if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set()]
             for name in names:
                 self.channels[name].pending += 1
-        if names:
-            with self._io:
-                pubsub.subscribe(*names)
+        return names
+
+    def _drop_idle(self) -> tuple[List[str], bool]:
+        """Forget channels idle for UNSUBSCRIBE_AFTER; return those still subscribed, to
+        UNSUBSCRIBE, and whether none is left (the reader should then exit: it has given up
+        its place, and must close its connection)."""
+        now = time.monotonic()
+        with self.mutex:
+            idle = [c for c in self.channels.values()
+                    if c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER]
+            for chan in idle:
+                del self.channels[chan.name]
+            done = not self.channels
+            if done:
+                self._reader_gone()
+                self._pubsub = None
+        return [c.name for c in idle if c.confirmed.is_set()], done
+
+    def _reader_gone(self) -> None:
+        """The reader exits idle (holds the mutex)."""
 
     def _handle(self, message: Dict[str, Any]) -> None:
         kind = message.get("type")
@@ -278,25 +227,129 @@ class Dispatcher:
                 else:
                     _wake(chan, wake_count(data))
 
+
+class Dispatcher(Board):
+    """Channels, their waiters, and the thread that reads the pub/sub connection.
+
+    ``executor`` is called for the executor whose ``pubsub()`` opens the pub/sub connection
+    (each time one is opened: after a failure, or when the thread starts again after it had
+    exited idle).
+    """
+
+    def __init__(self, executor: Callable[[], Any], tag: str) -> None:
+        super().__init__()
+        self._executor = executor
+        self._tag = tag
+        #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
+        #: threads' first subscribes would each open a connection, one of them orphaned with its
+        #: channels (their wake-ups lost, waiters left to their polling bound).
+        self._io = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    # --- waiting ----------------------------------------------------------------------------
+
+    def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
+        """Subscribe to ``channel_name`` (if this process is not yet) and queue a waiter on it.
+
+        Wait for the server's confirmation of the subscription at most ``bound`` seconds, so a
+        release that happens after the caller's next try is never missed in normal operation.
+        """
+        with self.mutex:
+            if self._thread is None and not self.closed:
+                self._connect_locked()
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"distlock-pubsub-{self._tag}", daemon=True)
+                self._thread.start()
+            waiter, pubsub = self._enqueue(channel_name, ident)
+        chan = waiter.channel
+        send = pubsub is not None
+        try:
+            if send:
+                try:
+                    with self._io:
+                        pubsub.subscribe(channel_name)
+                except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
+                    log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
+            if bound is None or bound > 0:
+                cap = settings().wait_cap
+                chan.confirmed.wait(cap if bound is None else min(bound, cap))
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, a non-Redis error) before the caller had the
+            # waiter: nobody else can take it off its queue.
+            self.leave(waiter, False)
+            raise
+        return waiter
+
+    def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
+        """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
+        this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
+        the head's place in order: a head that leaves without the lock hands a wake-up on, and
+        one that leaves with it promotes the next, which then sleeps out the head's bound.
+        ``limit`` (e.g. the caller's time left) caps either bound. Return True when a hint
+        (not the bound) ended the sleep."""
+        started = time.monotonic()
+        while not waiter.hinted:
+            left = self._bound(waiter, head_bound, limit) - (time.monotonic() - started)
+            if left <= 0:
+                break
+            waiter.event.wait(left)
+            waiter.event.clear()  # a promotion (the head left) only re-reads the bound
+        return self._take_hint(waiter)
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _connect_locked(self) -> None:
+        self._pubsub = self._executor().pubsub()
+        self._reset_channels()
+
+    def _loop(self) -> None:
+        backoff = 0.05
+        while not self.closed:
+            pubsub = self._pubsub
+            try:
+                self._resubscribe_if_needed(pubsub)
+                message = pubsub.get_message(timeout=TICK)
+                backoff = 0.05
+            except Exception as exc:  # noqa: BLE001 - this thread must outlive any failure
+                if self.closed:
+                    break
+                self._on_broken(exc)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            try:
+                if message is not None:
+                    self._handle(message)
+                if self._unsubscribe_idle(pubsub):
+                    return  # nothing left to wait on: the thread and its connection go
+            except Exception:  # noqa: BLE001 - a surprise in one message must not stop the rest
+                log.exception("distlock: pub/sub dispatcher error")
+        _close_quietly(pubsub)
+
+    def _resubscribe_if_needed(self, pubsub: Any) -> None:
+        names = self._to_resubscribe()
+        if names:
+            with self._io:
+                pubsub.subscribe(*names)
+
     def _unsubscribe_idle(self, pubsub: Any) -> bool:
         """Drop channels idle for UNSUBSCRIBE_AFTER; return True when the thread should exit
         (no channel left: it has then given up its place, and its connection is closed)."""
-        now = time.monotonic()
-        with self.mutex:
-            idle = [c for c in self.channels.values()
-                    if c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER]
-            for chan in idle:
-                del self.channels[chan.name]
-            done = not self.channels
-            if done:
-                self._thread = None
-                self._pubsub = None
+        names, done = self._drop_idle()
         if done:
             _close_quietly(pubsub)
-        elif idle and any(c.confirmed.is_set() for c in idle):
+        elif names:
             with self._io:
-                pubsub.unsubscribe(*[c.name for c in idle if c.confirmed.is_set()])
+                pubsub.unsubscribe(*names)
         return done
+
+    def _reader_gone(self) -> None:
+        self._thread = None
 
     def _on_broken(self, exc: BaseException) -> None:
         """The pub/sub connection failed: start over on a fresh connection, which subscribes

@@ -28,6 +28,7 @@ import redis
 
 from ._config import ClientArg, settings
 from ._engine import Waiting
+from ._flow import READ, RUN, Flow
 from ._lock import _ThreadOwned
 from ._logic import check_lease, check_name, lock_repr
 from ._outcomes import Granted, Outcome
@@ -61,22 +62,22 @@ class _RWSide(_ThreadOwned):
 
     # --- the family's acquire (``_LockBase._acquire``), with a side's queue ----------------
 
-    def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> int:
+    def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> Flow[int]:
         self._refuse_upgrade(session)
-        return self._call_acquire(session, owner, ms, count, "",
-                                  queue_ms=self._queue_ms() if waits else 0)
+        return (yield from self._call_acquire(session, owner, ms, count, "",
+                                              queue_ms=self._queue_ms() if waits else 0))
 
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
         return _SideWaiting(self, session, owner, ms, count, watchdog, self._queue_ms())
 
     def _attempt(self, session: Session, mode: str, grant: Tuple[str, int, int, bool],
-                 queue_ms: int) -> Outcome:
+                 queue_ms: int) -> Flow[Outcome]:
         """One try for the wait engine; the last one (time is up) also takes a writer off
         the queue, in the same script."""
         owner, ms, count, watchdog = grant
         sent_at = time.monotonic()
-        outcome = decode_acquire(self._call_acquire(
-            session, owner, ms, count, "", queue_ms=0 if mode == LAST else queue_ms, queued=True))
+        outcome = decode_acquire((yield from self._call_acquire(
+            session, owner, ms, count, "", queue_ms=0 if mode == LAST else queue_ms, queued=True)))
         if type(outcome) is Granted:
             self._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
         return outcome
@@ -96,12 +97,13 @@ class _RWSide(_ThreadOwned):
     #: every waiter of the process sleeps at most the bound (see ``_waitpolicy.policy``)
     _strict = False
 
-    def _abandon(self, session: Session, owner: str) -> None:
-        pass
+    def _abandon(self, owner: str) -> Flow[None]:
+        return
+        yield
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
-                      queued: bool = False) -> int:
+                      queued: bool = False) -> Flow[int]:
         """One try. ``reentry_token``: '' for a new hold, else the token being re-entered.
         ``queue_ms``: a writer refused queues itself for that long (0: it does not, and leaves
         the queue if ``queued``, i.e. it may be in it from an earlier try)."""
@@ -136,11 +138,11 @@ class _SideWaiting(Waiting):
         self._grant = (owner, ms, count, watchdog)
         self._queue_ms = queue_ms
 
-    def attempt(self, mode: str, waiter: Any) -> Outcome:
-        return self._side._attempt(self._session, mode, self._grant, self._queue_ms)
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
+        return (yield from self._side._attempt(self._session, mode, self._grant, self._queue_ms))
 
-    def abandon(self) -> None:
-        self._side._abandon(self._session, self._grant[0])
+    def abandon(self) -> Flow[None]:
+        return (yield from self._side._abandon(self._grant[0]))
 
 
 class DistReadLock(_RWSide):
@@ -173,15 +175,18 @@ class DistReadLock(_RWSide):
     def locked(self) -> bool:
         """Return True if any reader, in any process on any host, holds the read lock now
         (a reader whose lease ran out does not count)."""
-        return int(self._session().run("rw_read_count", (self._rw.readers,), ())) > 0
+        return self._drive(self._locked())
+
+    def _locked(self) -> Flow[bool]:
+        return int((yield (RUN, "rw_read_count", (self._rw.readers,), ()))) > 0
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
-                      queued: bool = False) -> int:
+                      queued: bool = False) -> Flow[int]:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
-        return int(session.run("rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
-                               (owner, ms, ms + settings().fence_retention_ms, reentry_token,
-                                session.info)))
+        return int((yield (RUN, "rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
+                           (owner, ms, ms + settings().fence_retention_ms, reentry_token,
+                            session.info))))
 
     def _still_held(self, hold: Hold) -> bool:
         """A read hold is a member of the readers' sorted set, scored by its deadline (server
@@ -192,12 +197,12 @@ class DistReadLock(_RWSide):
         deadline, (seconds, micros) = batch.execute()
         return deadline is not None and float(deadline) > int(seconds) * 1000 + int(micros) // 1000
 
-    def _call_release(self, session: Session, hold: Hold, count: int) -> int:
+    def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         rw = self._rw
         left = read_release_left(hold.count, count)
-        member = reader_member(hold.owner, hold.token, session.info)
-        return int(session.run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
-                               optional_tail((member,), left, 0)))
+        member = reader_member(hold.owner, hold.token, hold.session.info)
+        return int((yield (RUN, "rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+                           optional_tail((member,), left, 0))))
 
 
 class DistWriteLock(_RWSide):
@@ -222,9 +227,9 @@ class DistWriteLock(_RWSide):
     def _wait_channel(self) -> str:
         return self._rw.writer_channel
 
-    def locked(self) -> bool:
-        """Return True if a writer, in any process on any host, holds the write lock now."""
-        return bool(self._session().read("EXISTS", self._rw.writer))
+    def _locked(self) -> Flow[bool]:
+        """Whether a writer, in any process on any host, holds the write lock now."""
+        return bool((yield (READ, "EXISTS", self._rw.writer)))
 
     def _refuse_upgrade(self, session: Session) -> None:
         if (self._rw.readers, self._owner_for(session)) in session.holds:
@@ -237,29 +242,29 @@ class DistWriteLock(_RWSide):
     # queue entry must be refreshed before it runs out (see writer_entry_ms).
     _strict = True
 
-    def _abandon(self, session: Session, owner: str) -> None:
+    def _abandon(self, owner: str) -> Flow[None]:
         try:
-            session.read("ZREM", self._rw.queue, owner)
+            yield (READ, "ZREM", self._rw.queue, owner)
         except redis.RedisError as exc:
             log.debug("distlock: could not leave the writers' queue of %r: %r", self._name, exc)
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
-                      queued: bool = False) -> int:
+                      queued: bool = False) -> Flow[int]:
         rw = self._rw
         mode = write_acquire_mode(reentry_token, queue_ms, queued)
         keys: Tuple[str, ...] = (rw.writer, rw.readers, rw.queue, rw.fence)
         if mode == "x":
             keys += (rw.reader_channel,)
-        return int(session.run("rw_write_acquire", keys,
-                               write_acquire_args(owner, ms, ms + settings().fence_retention_ms,
-                                                  session.info, mode, queue_ms, count)))
+        return int((yield (RUN, "rw_write_acquire", keys,
+                           write_acquire_args(owner, ms, ms + settings().fence_retention_ms,
+                                              session.info, mode, queue_ms, count))))
 
-    def _call_release(self, session: Session, hold: Hold, count: int) -> int:
+    def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         rw = self._rw
-        return int(session.run("rw_write_release",
-                               (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
-                               optional_tail((hold.owner, hold.token), count, 1)))
+        return int((yield (RUN, "rw_write_release",
+                           (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+                           optional_tail((hold.owner, hold.token), count, 1))))
 
 
 class DistReadWriteLock:

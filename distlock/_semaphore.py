@@ -21,11 +21,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple, TypeVar
+
+import redis
 
 from ._config import ClientArg, check_client, settings
-from ._engine import Waiting, wait
+from ._engine import Waiting, waiting_flow
 from ._errors import LockLostError
+from ._flow import READ, RUN, Flow
 from ._logic import check_lease, check_name, lease_ms
 from ._outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, Granted, Outcome, renewal
 from ._outcomes import sem_acquire as decode_acquire
@@ -47,6 +50,8 @@ from ._synclogic import (
 from ._waitpolicy import LAST, WAIT
 
 __all__ = ["DistSemaphore", "DistBoundedSemaphore"]
+
+T = TypeVar("T")
 
 
 #: Serializes the choice of which local permits a release gives back, across every semaphore
@@ -146,15 +151,21 @@ class DistSemaphore(SessionUser):
         that hears nothing tries again after at most min(its time left, the first held
         permit's lease, ``wait_cap``).
         """
+        return self._drive(self._acquire_flow(blocking, timeout))
+
+    __enter__ = acquire
+
+    def _acquire_flow(self, blocking: bool, timeout: Optional[float]) -> Flow[bool]:
+        """``acquire()``, a flow: its checks raise before its first round trip."""
         blocking_, seconds = check_sem_acquire_args(blocking, timeout)
         session = self._session()
         watchdog = self._lease is None
         ms = lease_ms(settings().lease if self._lease is None else self._lease)
-        pid = permit_id(session.id, threading.get_ident())
+        pid = permit_id(session.id, self._me())
         meter = self._metered()
         sent_at = time.monotonic()
         try:
-            outcome = self._try(session, pid, ms, None)
+            outcome = yield from self._try(pid, ms, None)
         except BaseException:
             meter.acquired("error", time.monotonic() - sent_at)
             raise
@@ -170,9 +181,7 @@ class DistSemaphore(SessionUser):
         queue_ms = entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
         waiting = _SemWaiting(self, session, pid, ms, watchdog, queue_ms)
         waiting.meter, waiting.started = meter, sent_at
-        return bool(wait(session, waiting, seconds, start=WAIT))
-
-    __enter__ = acquire
+        return bool((yield from waiting_flow(waiting, seconds, start=WAIT)))
 
     def release(self, n: int = 1) -> None:
         """Release ``n`` permits (default 1), incrementing the count by ``n``.
@@ -187,6 +196,11 @@ class DistSemaphore(SessionUser):
         RuntimeError) when permits this process held had been lost before the release (their
         lease ran out, so they had come back already): the rest of the release is done first.
         """
+        self._drive(self._release_flow(n))
+
+    def _release_flow(self, n: int) -> Flow[None]:
+        """``release(n)``, a flow: its checks, and the choice of the permits it gives back,
+        are done before its first round trip."""
         count = check_release_n(n)
         session = self._session()
         holds = self._claim(session, count)
@@ -196,10 +210,10 @@ class DistSemaphore(SessionUser):
         outcome: Any = None
         try:
             for _ in range(_MISMATCH_TRIES):
-                outcome = decode_release(session.run("sem_release", keys.release, args))
+                outcome = decode_release((yield (RUN, "sem_release", keys.release, args)))
                 if outcome is not MISMATCH:
                     break
-                stored = _recorded(session, keys)
+                stored = yield from _recorded(keys)
                 if stored is not None:
                     raise ValueError(value_mismatch(self._name, stored, self._initial))
             if outcome is MISMATCH:  # pragma: no cover - the state vanished at every look
@@ -244,30 +258,56 @@ class DistSemaphore(SessionUser):
 
     # --- the machinery ------------------------------------------------------------------------
 
+    @staticmethod
+    def _me() -> Any:
+        """Who acquires: the calling thread (the asyncio shell: the current task). A release
+        gives back the permits of the caller first."""
+        return threading.get_ident()
 
-    def _try(self, session: Session, pid: str, ms: int, queue_ms: Optional[int]) -> Outcome:
+    def _try(self, pid: str, ms: int, queue_ms: Optional[int]) -> Flow[Outcome]:
         """One try of ``sem_acquire``, decoded; raise ValueError when the value differs."""
         keys = self._keys
         args: Tuple[Any, ...] = (pid, ms, self._initial)
         if queue_ms is not None:
             args += (queue_ms,)
         for _ in range(_MISMATCH_TRIES):
-            outcome = decode_acquire(session.run("sem_acquire", keys.acquire, args))
+            try:
+                reply = yield (RUN, "sem_acquire", keys.acquire, args)
+            except redis.ResponseError:
+                raise  # the script did not run, or failed: nothing was granted
+            except BaseException:
+                yield from self._undo_lost_grant(pid)
+                raise
+            outcome = decode_acquire(reply)
             if outcome is not MISMATCH:
                 if type(outcome) is not Granted:
                     self._seen = 0
                 return outcome
-            stored = _recorded(session, keys)
+            stored = yield from _recorded(keys)
             if stored is not None:
                 raise ValueError(value_mismatch(self._name, stored, self._initial))
         # pragma: no cover - the state vanished between every try and its look
         raise ValueError(value_mismatch(self._name, "another value", self._initial))
 
+    def _undo_lost_grant(self, pid: str) -> Flow[None]:
+        """The reply of a try was lost (the connection failed, or the caller was interrupted
+        or cancelled while it waited for it), and the try may have granted permit ``pid``
+        (it is never sent again: DESIGN principle 13). Give it back if so: renewing succeeds
+        only while it is ours (see ``_end``). If the server cannot be reached now either, a
+        grant that did happen ends with its lease."""
+        try:
+            renewed = yield (RUN, "sem_renew", self._keys.renew, (pid, lease_ms(settings().lease)))
+            if renewal(renewed) is RENEWED:
+                yield (RUN, "sem_release", self._keys.release,
+                       (self._initial, "1" if self._bounded else "0", 1, pid))
+        except redis.RedisError:
+            pass
+
     def _attempt(self, session: Session, mode: str, pid: str, ms: int, watchdog: bool,
-                 queue_ms: int) -> Outcome:
+                 queue_ms: int) -> Flow[Outcome]:
         """One try for the wait engine; the last one (time is up) also leaves the queue."""
         sent_at = time.monotonic()
-        outcome = self._try(session, pid, ms, 0 if mode == LAST else queue_ms)
+        outcome = yield from self._try(pid, ms, 0 if mode == LAST else queue_ms)
         if type(outcome) is Granted:
             self._grant(session, pid, watchdog, ms, sent_at, outcome.token)
         return outcome
@@ -282,7 +322,8 @@ class DistSemaphore(SessionUser):
         session.add_hold(hold)
 
     def _end(self, hold: Hold) -> None:
-        """Give the permit of ``hold`` back (interpreter exit; see ``Session.release_all``).
+        """Give the permit of ``hold`` back (interpreter exit; see ``Session.release_all``);
+        blocking.
 
         A release names the permits it gives back first but, when one of them was lost, gives
         back one held elsewhere instead: so the permit is first renewed, which succeeds only
@@ -303,8 +344,8 @@ class DistSemaphore(SessionUser):
 
     def _claim(self, session: Session, count: int) -> List[Hold]:
         """Pick (and mark as being released) up to ``count`` permits this process holds on
-        this semaphore: the calling thread's first, then the others', oldest first."""
-        own = f"{session.id}:{threading.get_ident()}:"
+        this semaphore: the caller's first (see ``_me``), then the others', oldest first."""
+        own = f"{session.id}:{self._me()}:"
         key = self._keys.sem
         with _claims:
             mine: List[Hold] = []
@@ -342,9 +383,9 @@ class DistBoundedSemaphore(DistSemaphore):
         super().release(n)
 
 
-def _recorded(session: Session, keys: SemKeys) -> Optional[int]:
+def _recorded(keys: SemKeys) -> Flow[Optional[int]]:
     """The value recorded for a semaphore (for an error message), None when at rest."""
-    score = session.read("ZSCORE", keys.sem, "~v")
+    score = yield (READ, "ZSCORE", keys.sem, "~v")
     return None if score is None else -int(float(score)) - 1
 
 
@@ -358,9 +399,9 @@ class _SemWaiting(Waiting):
         self._sem = sem
         self._args = (session, pid, ms, watchdog, queue_ms)
 
-    def attempt(self, mode: str, waiter: Any) -> Outcome:
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         session, pid, ms, watchdog, queue_ms = self._args
-        return self._sem._attempt(session, mode, pid, ms, watchdog, queue_ms)
+        return (yield from self._sem._attempt(session, mode, pid, ms, watchdog, queue_ms))
 
 
 def _notify_lost(sem: DistSemaphore) -> None:

@@ -41,11 +41,12 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, TypeVar
 
 from ._clients import server_key, session_client, shareable
 from ._config import ClientArg, resolve_client, settings
 from ._executor import executor_for
+from ._flow import Flow, drive
 from ._metrics import Meter
 from ._metrics import meter as make_meter
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
@@ -56,6 +57,8 @@ __all__ = ["Session", "SessionUser", "add_lost_callback", "fire_lost", "Hold", "
            "wake_count", "wake_idents", "all_sessions", "reset_sessions"]
 
 log = logging.getLogger("distlock")
+
+T = TypeVar("T")
 
 #: How many tries of queued waiters one session has in flight at once.
 WAITER_CONCURRENCY = 4
@@ -179,6 +182,13 @@ class Session:
     def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
         return self.dispatcher.sleep(waiter, head_bound, limit)
 
+    def slot(self, enter: bool) -> None:
+        """Take (``enter``) or give back one of ``retry_slots`` (the ``slot`` op of a flow)."""
+        if enter:
+            self.retry_slots.acquire()
+        else:
+            self.retry_slots.release()
+
     def wake_all_waiters(self) -> None:
         self.dispatcher.wake_all()
 
@@ -253,6 +263,11 @@ class SessionUser:
         if meter is None or meter.rule is not rule:
             meter = self._meter = make_meter(self._metric_kind, self._name, rule)
         return meter
+
+    def _drive(self, flow: Flow[T]) -> T:
+        """Run one of this primitive's flows (see ``_flow``) on its session, blocking: the
+        thread shell. The asyncio shell awaits the same flows instead."""
+        return drive(flow, self._session())
 
     def _session(self) -> Session:
         session = self._sess

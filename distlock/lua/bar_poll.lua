@@ -3,7 +3,8 @@
 -- ARGV[1]  the party's id
 -- ARGV[2]  its generation
 -- ARGV[3]  'p' look; 'b' break the barrier if the generation is still waiting (the party's
---          timeout ran out, or it was interrupted), as threading's timeout does
+--          timeout ran out, or it was interrupted), as threading's timeout does; 'l' leave
+--          the generation still waiting, without breaking it (a cancelled asyncio party)
 -- ARGV[4]  how long a broken generation is remembered, ms
 -- return   0 still waiting; 3 still waiting while the last party runs the action (a timeout
 --          does not break it then, as in threading, where the action holds the lock);
@@ -24,6 +25,10 @@ if st[1] == ARGV[2] then
     if ARGV[3] == 'b' then
       bar_break(st[1], ARGV[4])
       return -1
+    end
+    if ARGV[3] == 'l' then
+      redis.call('zrem', KEYS[2], ARGV[1])
+      return 0
     end
     return 0
   end

@@ -1,0 +1,138 @@
+"""Flows: every operation of every primitive, written once, for both shells.
+
+A primitive's operation (an acquire, a release, a wait) is a *flow*: a generator that does its
+bookkeeping itself and *yields* each piece of I/O as an op, a tuple ``(verb, *args)``, then is
+*sent* the reply (or *thrown* the error). The verbs are the methods of a *port*:
+
+- ``run(name, keys, args)``: one script, a state change (``_executor``: never sent twice);
+- ``read(*command)``: one command that is safe to repeat;
+- ``join(channel, bound, ident)``, ``sleep(waiter, head_bound, limit)``,
+  ``leave(waiter, acquired)``: waiting on a pub/sub channel (``_pubsub``);
+- ``slot(enter)``: take (True) or give back (False) one of the slots through which a crowd of
+  woken waiters takes turns.
+
+A port for threads (``_session.Session``) does each op with blocking I/O, and ``drive`` runs a
+flow on it; a port for asyncio (``_asession.AsyncPort``) has coroutines of the same names, and
+``adrive`` runs the same flow on it. So the wait policy, the scripts, the keys and the decoding
+of replies have one copy, and a shell is only the public methods that hand a flow to its
+driver (see docs/how-it-works.rst, "Two shells, one engine").
+
+A driver never abandons a flow: every exception of an op, a cancellation included, is thrown
+into it, so its ``except`` and ``finally`` clauses (which may yield more ops: leaving a queue,
+giving a lost grant back) run in both shells.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, Generator, Optional, TypeVar
+
+__all__ = ["Flow", "drive", "adrive", "start", "Started", "RUN", "READ", "JOIN", "SLEEP", "LEAVE",
+           "SLOT"]
+
+T = TypeVar("T")
+
+#: A flow: yields ops, is sent their replies, returns its result.
+Flow = Generator[tuple, Any, T]  # type: ignore[type-arg]
+
+RUN, READ, JOIN, SLEEP, LEAVE, SLOT = "run", "read", "join", "sleep", "leave", "slot"
+
+
+def drive(flow: Flow[T], port: Any) -> T:
+    """Run ``flow`` to its end on a blocking ``port``; return its result or raise its error."""
+    try:
+        op = next(flow)
+        while True:
+            try:
+                reply = getattr(port, op[0])(*op[1:])
+            except BaseException as exc:  # noqa: BLE001 - the flow decides what it means
+                op = flow.throw(exc)
+            else:
+                op = flow.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+async def adrive(flow: Flow[T], port: Any, op: Optional[tuple] = None) -> T:  # type: ignore[type-arg]
+    """``drive`` for an asyncio ``port``, whose ops are coroutines. ``op``: the flow's first
+    op, when the caller has already stepped it there (see ``start``)."""
+    try:
+        if op is None:
+            op = next(flow)
+        while True:
+            try:
+                reply = await getattr(port, op[0])(*op[1:])
+            except BaseException as exc:  # noqa: BLE001 - a cancellation included: see above
+                op = flow.throw(exc)
+            else:
+                op = flow.send(reply)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+
+
+class Started(Awaitable[T]):
+    """What a state change of an asyncio primitive returns (``release()``, ``set()``,
+    ``notify()``): the change has started, and goes on whether or not it is awaited, and even
+    when the task awaiting it is cancelled. Awaiting it waits for the outcome and raises its
+    errors. It is not a truth value: ``if lock.release():`` raises TypeError."""
+
+    __slots__ = ("_task", "_value")
+
+    def __init__(self, task: Optional[asyncio.Future[T]], value: Any = None) -> None:
+        self._task = task
+        self._value = value
+
+    def __await__(self) -> Generator[Any, None, T]:
+        task = self._task
+        if task is None:
+            return self._value  # type: ignore[no-any-return]
+        # A caller cancelled while it awaits this waits for the change to finish, then gets
+        # its CancelledError: the task refuses to be cancelled (see ``_Unstoppable``).
+        return (yield from task.__await__())
+
+    def __bool__(self) -> bool:
+        raise TypeError("this is an awaitable, not a truth value: use 'await'")
+
+    def done(self) -> bool:
+        return self._task is None or self._task.done()
+
+
+def start(flow: Flow[T], port: Callable[[], Any]) -> Started[T]:
+    """Run ``flow`` at once up to its first op, in the caller (its checks raise here, and its
+    bookkeeping is done before this returns), then the rest in a task of the running loop."""
+    try:
+        op = next(flow)
+    except StopIteration as stop:
+        return Started(None, stop.value)
+    try:
+        task = _Unstoppable(adrive(flow, port(), op), loop=asyncio.get_running_loop())
+    except BaseException:
+        flow.close()
+        raise
+    return Started(task)
+
+
+class _Unstoppable(asyncio.Task):  # type: ignore[type-arg]
+    """A state change in flight: a release must never stop half-way, leaving the lock held.
+    Cancelling it (the task that awaits it was cancelled, or the loop is shutting down and
+    cancels every task) does nothing: the loop's shutdown then waits for it to finish."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
+
+
+class Query(Awaitable[T]):
+    """What a query of an asyncio primitive returns (``locked()``, ``is_set()``): an awaitable
+    that asks Redis when awaited, and raises TypeError when used as a truth value instead
+    (``if lock.locked():`` would otherwise always be true)."""
+
+    __slots__ = ("_make",)
+
+    def __init__(self, make: Callable[[], Awaitable[T]]) -> None:
+        self._make = make
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self._make().__await__()
+
+    def __bool__(self) -> bool:
+        raise TypeError("this is an awaitable, not a truth value: use 'await'")
