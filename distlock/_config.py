@@ -8,7 +8,9 @@ use, not at construction.
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Optional, Union
 
@@ -59,6 +61,7 @@ class Settings:
 _lock = threading.Lock()
 _settings = Settings()
 _default: ClientArg = None
+_default_async: Any = None  # a redis.asyncio client set by configure()
 _default_client: Optional[redis.Redis] = None
 _url_clients: Dict[str, redis.Redis] = {}
 
@@ -86,12 +89,14 @@ def configure(
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
-    ``client`` is a ``redis.Redis`` or a URL; ``None`` leaves the default client as it is. The
+    ``client`` is a ``redis.Redis`` or a URL; ``None`` leaves the default client as it is. A
+    URL is the default of both shells; a ``redis.Redis`` only of the blocking classes, and a
+    ``redis.asyncio.Redis`` only of ``distlock.asyncio``'s. The
     other arguments change only what they name. Raise TypeError or ValueError on bad values,
     changing nothing.
     """
-    global _settings, _default, _default_client
-    if client is not None:
+    global _settings, _default, _default_client, _default_async
+    if client is not None and not is_async_client(client):
         check_client(client)
     changes: Dict[str, Any] = {}
     if prefix is not None:
@@ -117,15 +122,20 @@ def configure(
         raise ValueError("renew_interval must be shorter than lease")
     with _lock:
         _settings = new
-        if client is not None:
+        if client is not None and is_async_client(client):
+            _default_async = client
+        elif client is not None:
             _default = client
             _default_client = None
+            if isinstance(client, str):
+                _default_async = None  # a URL serves both shells
     return new
 
 
-def check_client(client: object) -> None:
+def check_client(client: object, owner: str = "") -> None:
     """Raise TypeError unless ``client`` is a Redis client or a URL string, ValueError for a
-    URL redis-py cannot parse."""
+    URL redis-py cannot parse. ``owner``: the class the client is for (its error names the
+    asyncio twin when given an asyncio client)."""
     if isinstance(client, str):
         _client_for_url(client)
         return
@@ -134,10 +144,47 @@ def check_client(client: object) -> None:
     cluster = getattr(redis, "RedisCluster", None)
     if cluster is not None and isinstance(client, cluster):
         return
+    if is_async_client(client):
+        raise TypeError(
+            f"{type(client).__module__}.{type(client).__name__} is an asyncio client: use "
+            f"distlock.asyncio.{owner or 'DistLock (and its siblings)'} with it, or give "
+            f"distlock.{owner or 'DistLock'} a redis.Redis")
     raise TypeError(
         "client must be a redis.Redis, a redis.RedisCluster or a URL string, "
         f"not {type(client).__name__}"
     )
+
+
+def is_async_client(client: object) -> bool:
+    """True for a client of ``redis.asyncio`` (looked up only if that module was imported:
+    nobody can hold one otherwise)."""
+    module = sys.modules.get("redis.asyncio")
+    if module is None:
+        return False
+    kinds = tuple(k for k in (getattr(module, "Redis", None), getattr(module, "RedisCluster", None))
+                  if k is not None)
+    return isinstance(client, kinds)
+
+
+def check_async_client(client: object, owner: str) -> None:
+    """``check_client`` for the asyncio shell's class ``owner``: a ``redis.asyncio.Redis`` or a
+    URL string; a sync client gets a TypeError that names the right class."""
+    if isinstance(client, str):
+        _client_for_url(client)
+        return
+    import redis.asyncio as aredis
+
+    if isinstance(client, aredis.Redis):
+        return
+    if isinstance(client, aredis.RedisCluster):
+        raise TypeError(f"distlock.asyncio.{owner} does not support redis.asyncio.RedisCluster "
+                        "yet: use a redis.asyncio.Redis")
+    if isinstance(client, redis.Redis) or (
+            getattr(redis, "RedisCluster", None) is not None and isinstance(client, redis.RedisCluster)):
+        raise TypeError(
+            f"{type(client).__module__}.{type(client).__name__} is a blocking client: use "
+            f"distlock.{owner} with it, or give distlock.asyncio.{owner} a redis.asyncio.Redis")
+    raise TypeError(f"client must be a redis.asyncio.Redis or a URL string, not {type(client).__name__}")
 
 
 def _client_for_url(url: str) -> redis.Redis:
@@ -164,6 +211,43 @@ def resolve_client(client: ClientArg) -> redis.Redis:
     if isinstance(client, str):
         return _client_for_url(client)
     return client  # type: ignore[return-value]
+
+
+#: asyncio clients made for URLs, per event loop (an asyncio client's connections belong to
+#: the loop that opened them)
+_async_url_clients: weakref.WeakKeyDictionary[Any, Dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def resolve_async_client(client: Any) -> Any:
+    """The asyncio client to use for ``client`` in the running loop: itself, the one for its
+    URL, or the default. A URL (given, set by ``configure()`` or in ``$DISTLOCK_URL``) serves
+    both shells; a client object set by ``configure()`` serves only its own kind, and the
+    asyncio shell raises RuntimeError rather than guess another server."""
+    import asyncio
+
+    if client is None:
+        chosen = _default_async if _default_async is not None else _default
+        if chosen is None:
+            chosen = os.environ.get("DISTLOCK_URL", DEFAULT_URL)
+        if not isinstance(chosen, str) and not is_async_client(chosen):
+            raise RuntimeError(
+                "configure() set a blocking client as the default, which serves only distlock's "
+                "blocking classes: give distlock.asyncio a client (client=redis.asyncio.Redis(...)), "
+                "or call configure() with a redis.asyncio.Redis or a URL")
+        client = chosen
+    if not isinstance(client, str):
+        return client
+    loop = asyncio.get_running_loop()
+    with _lock:
+        clients = _async_url_clients.get(loop)
+        if clients is None:
+            clients = _async_url_clients[loop] = {}
+        made = clients.get(client)
+        if made is None:
+            import redis.asyncio as aredis
+
+            made = clients[client] = aredis.Redis.from_url(client)
+        return made
 
 
 def _after_fork_in_child() -> None:

@@ -110,6 +110,19 @@ def url(backend: Backend, client: redis.Redis) -> str:
 
 
 @pytest.fixture
+def aio(url: str) -> Iterator[Any]:
+    """An event loop in a thread, for blocking views of asyncio primitives (tests/_aio.py);
+    its tasks, clients and loop are gone after the test."""
+    from _aio import AioRunner
+
+    runner = AioRunner()
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+@pytest.fixture
 def children() -> Iterator[Children]:
     """Child processes of one test (see tests/_procs.py), joined or killed after it."""
     made = Children()

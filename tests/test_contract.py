@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
+import redis
+from _aio import SyncView
 from _support import outcome
 
+import distlock.asyncio as aio
 from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
@@ -58,6 +61,8 @@ def _locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
         return LockType(type_id, threading.Lock, False, False, threading.Lock, lambda lock: lock)
     if type_id == "threading.RLock":
         return LockType(type_id, threading.RLock, True, False, threading.RLock, lambda lock: lock)
+    if type_id.startswith("aio."):
+        return _aio_locktype(type_id, request)
     client = request.getfixturevalue("client")
     cls = {"DistLock": DistLock, "DistRLock": DistRLock}[type_id]
     return LockType(
@@ -69,6 +74,31 @@ def _locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
         lambda lock: cls(lock.name, client=client),
         client,
     )
+
+
+def _aio_locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
+    """``distlock.asyncio``'s lock, seen through a blocking view (tests/_aio.py): each test
+    thread is one task, so the contract holds as it does for threads wherever asyncio's
+    semantics agree with threading's."""
+    runner = request.getfixturevalue("aio")
+    url = request.getfixturevalue("url")
+    aclient = runner.client(url)
+    cls = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[type_id]
+    return LockType(
+        type_id,
+        threading.Lock if cls is aio.DistLock else threading.RLock,
+        cls is aio.DistRLock,
+        True,
+        lambda: SyncView(cls(_unique(type_id), client=aclient), runner),
+        lambda lock: SyncView(cls(lock.name, client=aclient), runner),
+        request.getfixturevalue("client"),  # to look at the keys
+    )
+
+
+def _no_threading_condition(locktype: LockType) -> None:
+    if locktype.id.startswith("aio."):
+        pytest.skip("threading.Condition needs a blocking lock; asyncio's is "
+                    "distlock.asyncio.DistCondition (tests/test_aio_condition.py)")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -154,14 +184,14 @@ class BaseLockContract:
     def test_constructor_and_repr(self, locktype: LockType) -> None:
         lock = locktype()
         assert repr(lock).startswith("<unlocked ")
-        assert type(lock).__name__ in repr(lock)
+        assert type(getattr(lock, "prim", lock)).__name__ in repr(lock)
 
     def test_repr_locked(self, locktype: LockType) -> None:
         lock = locktype()
         lock.acquire()
         try:
             assert repr(lock).startswith("<locked ")
-            assert type(lock).__name__ in repr(lock)
+            assert type(getattr(lock, "prim", lock)).__name__ in repr(lock)
         finally:
             lock.release()
         assert repr(lock).startswith("<unlocked ")
@@ -287,6 +317,8 @@ class BaseLockContract:
             pass
         with lock as got:
             assert is_locked(lock)
+        if locktype.id.startswith("aio."):
+            expected = None  # asyncio.Lock's __aenter__ returns None
         assert got == expected
         assert not is_locked(lock)
 
@@ -378,6 +410,7 @@ class BaseLockContract:
         assert lock.locked() is False
 
     def test_condition_wait_notify(self, locktype: LockType) -> None:
+        _no_threading_condition(locktype)
         lock = locktype()
         cond = threading.Condition(lock)
         waiting = threading.Event()
@@ -407,6 +440,7 @@ class BaseLockContract:
         assert not is_locked(lock)
 
     def test_condition_wait_timeout(self, locktype: LockType) -> None:
+        _no_threading_condition(locktype)
         lock = locktype()
         cond = threading.Condition(lock)
         with cond:
@@ -417,6 +451,7 @@ class BaseLockContract:
         assert not is_locked(lock)
 
     def test_condition_requires_lock(self, locktype: LockType) -> None:
+        _no_threading_condition(locktype)
         cond = threading.Condition(locktype())
         with pytest.raises(RuntimeError):
             cond.notify()
@@ -428,7 +463,7 @@ class LockContract(BaseLockContract):
     """``threading.Lock`` semantics: not reentrant, released by any thread."""
 
     __test__ = True
-    locktypes = ("threading.Lock", "DistLock")
+    locktypes = ("threading.Lock", "DistLock", "aio.DistLock")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
         lock = locktype()
@@ -473,7 +508,7 @@ class RLockContract(BaseLockContract):
     """``threading.RLock`` semantics: reentrant, owned by one thread."""
 
     __test__ = True
-    locktypes = ("threading.RLock", "DistRLock")
+    locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()
@@ -515,6 +550,7 @@ class RLockContract(BaseLockContract):
             assert lock._recursion_count() == depth
 
     def test_release_save_acquire_restore(self, locktype: LockType) -> None:
+        _no_threading_condition(locktype)
         lock, twin = locktype(), locktype.twin()
         for lk in (twin, lock):
             lk.acquire()
@@ -536,6 +572,7 @@ class RLockContract(BaseLockContract):
         assert not is_locked(lock)
 
     def test_release_save_unacquired(self, locktype: LockType) -> None:
+        _no_threading_condition(locktype)
         twin = locktype.twin()
         with pytest.raises(RuntimeError) as expected:
             twin._release_save()
@@ -567,6 +604,7 @@ class RLockContract(BaseLockContract):
         assert not is_locked(lock)
 
     def test_condition_wait_restores_depth(self, locktype: LockType) -> None:
+        _no_threading_condition(locktype)
         lock = locktype()
         cond = threading.Condition(lock)
         waiting = threading.Event()
@@ -597,6 +635,7 @@ class RLockContract(BaseLockContract):
         assert not is_locked(lock)
 
     def test_condition_producer_consumer(self, locktype: LockType) -> None:
+        _no_threading_condition(locktype)
         cond = threading.Condition(locktype())
         items: List[int] = []
         got: List[int] = []
@@ -626,15 +665,26 @@ class DistLockContract:
     """Extras of DistLock and DistRLock: tokens, ownership, leases, argument checks, keys."""
 
     __test__ = True
-    locktypes = ("DistLock", "DistRLock")
+    locktypes = ("DistLock", "DistRLock", "aio.DistLock", "aio.DistRLock")
 
     @pytest.fixture
     def locktype(self, type_id: str, request: pytest.FixtureRequest) -> LockType:
         return _locktype(type_id, request)
 
     @pytest.fixture
-    def cls(self, type_id: str) -> Any:
-        return {"DistLock": DistLock, "DistRLock": DistRLock}[type_id]
+    def cls(self, type_id: str, request: pytest.FixtureRequest) -> Any:
+        if not type_id.startswith("aio."):
+            return {"DistLock": DistLock, "DistRLock": DistRLock}[type_id]
+        runner = request.getfixturevalue("aio")
+        aclient = runner.client(request.getfixturevalue("url"))
+        real = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[type_id]
+
+        def make(name: Any, *args: Any, client: Any = None, **kwargs: Any) -> Any:
+            # the tests pass the blocking client of the test server: use its asyncio twin
+            if isinstance(client, redis.Redis):
+                client = aclient
+            return SyncView(real(name, *args, client=client, **kwargs), runner)
+        return make
 
     def test_token(self, locktype: LockType) -> None:
         lock = locktype()
@@ -814,7 +864,7 @@ class DistLockContract:
         assert token is not None and first_token is not None and token > first_token
         with pytest.raises(LockLostError):
             lock.release()
-        assert lost == [lock]
+        assert lost == [getattr(lock, "prim", lock)]
         assert lock.owned() is False
         assert lock.token is None
         assert lock.acquire(False) is True  # the object is usable again

@@ -1,0 +1,234 @@
+"""The asyncio shell's port: what a flow's ops (``_flow``) do on an event loop.
+
+One ``AsyncPort`` per ``redis.asyncio`` client and event loop (a client's connections belong
+to the loop that opened them). It has:
+
+- ``core``: the blocking ``Session`` of the same server (``_session.session_for`` of a sync
+  twin of the client, made from its connection settings). Holds live there, with their ids,
+  and its watchdog *thread* renews them: renewals go on while user code blocks the event loop
+  (a CPU-bound handler, a blocking call), which a renewal task in the loop could not promise.
+  A hold that could not be renewed is reported lost from that thread; an asyncio primitive
+  then runs its ``on_lost`` callbacks in its own loop. Interpreter exit gives holds back
+  through it, as for the blocking classes, and a sync and an async primitive of one server in
+  one process share its session id.
+- an executor: scripts sent as EVALSHA on the client's own asyncio connection pool, on the
+  direct path (packed RESP, no retries: a state change is never sent twice, DESIGN principle
+  13), at most ``SCRIPT_CONCURRENCY`` at once; reads through the client, retries and all;
+- an ``AsyncDispatcher``: one pub/sub connection and one reader task for every waiting task of
+  the loop.
+
+Nothing here outlives its client or its loop: ports are kept in weak maps, the reader task
+exits when idle, and the twin (and with it the session's claim on the server) goes with the
+port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import weakref
+from typing import Any, Dict, List, Optional, Tuple
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio import connection as aconnection
+
+from ._apubsub import AsyncDispatcher
+from ._executor import SCRIPT_CONCURRENCY, located, packer, taker
+from ._pubsub import Waiter
+from ._session import Session, session_for
+
+__all__ = ["AsyncPort", "port_for"]
+
+#: How long the hot connection stays out of the pool unused (seconds).
+HOT_IDLE = 1.0
+
+#: short tasks that give connections back (the loop keeps only weak references to tasks)
+_giving: set[asyncio.Future[Any]] = set()
+
+
+def _spawn(coro: Any) -> None:
+    task = asyncio.ensure_future(coro)
+    _giving.add(task)
+    task.add_done_callback(_giving.discard)
+
+_NOSCRIPT_TRIES = 3
+
+#: asyncio connection classes and their blocking twins
+_TWINS = {
+    aconnection.Connection: redis.Connection,
+    aconnection.SSLConnection: redis.SSLConnection,
+    aconnection.UnixDomainSocketConnection: redis.UnixDomainSocketConnection,
+}
+
+#: connection settings that are asyncio objects, or that the twin sets for itself
+_SKIP = {"retry", "redis_connect_func", "parser_class", "event_dispatcher", "connection_pool"}
+
+
+def sync_twin(client: Any) -> redis.Redis:
+    """A blocking client with ``client``'s connection settings (it connects only when used)."""
+    pool = client.connection_pool
+    kind = _TWINS.get(pool.connection_class)
+    if kind is None:
+        raise TypeError(f"distlock.asyncio needs a redis.asyncio client on redis-py's own "
+                        f"connection classes, not {pool.connection_class.__name__}")
+    accepted = _parameters(kind)
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _SKIP}
+    return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=kind, **kwargs))
+
+
+def _parameters(kind: type) -> set:  # type: ignore[type-arg]
+    names: set = set()  # type: ignore[type-arg]
+    for klass in kind.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            names.update(inspect.signature(init).parameters)
+    return names
+
+
+class AsyncPort:
+    """The ops of a flow, as coroutines, for one asyncio client in one loop."""
+
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop_ref = weakref.ref(loop)
+        self.twin = sync_twin(client)
+        self.core: Session = session_for(self.twin)
+        self.id = self.core.id
+        pool = client.connection_pool
+        self._take = taker(pool)
+        self._give = pool.release
+        #: One connection kept out of the pool between scripts (see ``_send``), and when it
+        #: was last used (loop time).
+        self._hot: Any = None
+        self._hot_used = 0.0
+        self._cooling = False
+        self._pack = packer(pool.get_encoder())
+        self._scripts = self.core.executor.scripts
+        self._gate = asyncio.Semaphore(SCRIPT_CONCURRENCY)
+        self._client = weakref.proxy(client)
+        proxy = self._client  # never a bound method of the client: that would keep it alive
+        self.dispatcher = AsyncDispatcher(lambda: proxy.pubsub())
+
+    # --- the ops --------------------------------------------------------------------------------
+
+    async def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+        """One script as EVALSHA (``Executor.run``'s rules: never sent twice; NOSCRIPT means
+        it did not run, so it is loaded and sent again)."""
+        script = self._scripts[name]
+        async with self._gate:
+            try:
+                for _ in range(_NOSCRIPT_TRIES):
+                    try:
+                        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+                    except redis.exceptions.NoScriptError:
+                        await self._send("SCRIPT", "LOAD", script.script)
+                return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis.exceptions.ResponseError as exc:
+                raise located(name, exc) from None
+
+    async def _send(self, *args: Any) -> Any:
+        """Send one command on the direct path; never retried.
+
+        The connection comes from the client's pool, but one is kept out of it between
+        scripts (the *hot* one) while scripts keep coming: redis-py's pool does a readiness
+        check, a lock and its event hooks on every take and give, which cost about as much as
+        the server's work on a small script. The hot connection goes back to the pool after
+        ``HOT_IDLE`` seconds unused, and is checked (the server closed it: a restart) before
+        each use, as the pool checks its own."""
+        packed = self._pack(args)
+        conn = self._hot
+        if conn is not None:
+            self._hot = None
+            reader = getattr(conn, "_reader", None)
+            if reader is None or reader.at_eof():
+                await self._give(conn)  # stale: the pool reconnects it when it is next taken
+                conn = await self._take()
+        else:
+            conn = await self._take()
+        try:
+            await conn.send_packed_command(packed)
+            reply = await conn.read_response()
+        except redis.exceptions.ResponseError:
+            self._keep(conn)  # the whole reply was read: the connection is clean
+            raise
+        except BaseException:
+            # a reply may be left half-read (a cancellation, a timeout): never reuse it
+            await conn.disconnect(nowait=True)
+            await self._give(conn)
+            raise
+        self._keep(conn)
+        return reply
+
+    def _keep(self, conn: Any) -> None:
+        """After a script: keep ``conn`` as the hot connection, or give it back."""
+        loop = asyncio.get_running_loop()
+        self._hot_used = loop.time()
+        if self._hot is None:
+            self._hot = conn
+            if not self._cooling:
+                self._cooling = True
+                loop.call_later(HOT_IDLE, self._cool)
+        else:
+            _spawn(self._give(conn))
+
+    def _cool(self) -> None:
+        """Give the hot connection back once it has been idle ``HOT_IDLE`` seconds."""
+        loop = self.loop_ref()
+        if loop is None or loop.is_closed():
+            return
+        idle = loop.time() - self._hot_used
+        if self._hot is not None and idle < HOT_IDLE:
+            loop.call_later(HOT_IDLE - idle, self._cool)
+            return
+        self._cooling = False
+        conn, self._hot = self._hot, None
+        if conn is not None:
+            _spawn(self._give(conn))
+
+    async def read(self, *command: Any) -> Any:
+        """One command that is safe to repeat, through the client (retries and all)."""
+        return await self._client.execute_command(*command)
+
+    async def join(self, channel: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
+        return await self.dispatcher.join(channel, bound, ident)
+
+    async def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
+        return await self.dispatcher.sleep(waiter, head_bound, limit)
+
+    async def leave(self, waiter: Waiter, acquired: bool) -> bool:
+        return self.dispatcher.leave(waiter, acquired)
+
+    async def slot(self, enter: bool) -> None:
+        """Nothing to take: ``run``'s gate already bounds the connections of a woken crowd."""
+
+    @property
+    def live(self) -> bool:
+        return not self.core.closed
+
+
+#: ports per asyncio client; each client's list holds one port per loop it was used in
+_ports: weakref.WeakKeyDictionary[Any, List[AsyncPort]] = weakref.WeakKeyDictionary()
+
+
+def port_for(client: Any) -> AsyncPort:
+    """The port of ``client`` in the running loop (made on first need)."""
+    loop = asyncio.get_running_loop()
+    ports = _ports.get(client)
+    if ports is None:
+        ports = _ports[client] = []
+    for port in ports:
+        if port.loop_ref() is loop and port.live:
+            return port
+    ports[:] = [p for p in ports if p.loop_ref() is not None and not p.loop_ref().is_closed() and p.live]  # type: ignore[union-attr]
+    port = AsyncPort(client, loop)
+    ports.append(port)
+    return port
+
+
+def live_ports() -> Dict[int, List[AsyncPort]]:
+    """For tests: the ports alive, per client id."""
+    return {id(client): list(ports) for client, ports in list(_ports.items())}
+
+
+__all__ += ["live_ports", "sync_twin"]
+_ = aredis  # the asyncio client class, imported so that is_async_client can see it

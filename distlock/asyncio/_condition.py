@@ -1,0 +1,117 @@
+"""distlock.asyncio's DistCondition and DistReadWriteLock."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, TypeVar
+
+from .. import _condition, _lock, _rwlock
+from .._config import settings
+from .._flow import Query, Started
+from .._logic import check_lease, check_name
+from .._rwlogic import RWKeys
+from ._lock import DistLock, DistRLock, _AsyncLock
+from ._shell import AsyncShell, task_ident
+
+__all__ = ["DistCondition", "DistReadWriteLock"]
+
+T = TypeVar("T")
+
+
+class DistCondition(AsyncShell, _condition.DistCondition):
+    """``asyncio.Condition`` shared by every process and host that names it on one Redis; the
+    same condition as ``distlock.DistCondition`` of that name.
+
+    ``lock`` is a ``distlock.asyncio`` lock (a DistLock, a DistRLock, or a side of a
+    DistReadWriteLock); by default a DistLock of the same name, as asyncio's default is a
+    Lock. ``wait`` releases it and joins the queue in one script, as the blocking class does.
+    """
+
+    _atomic_types = (DistLock, DistRLock)
+
+    def __init__(self, name: str, lock: Any = None, *, client: Any = None) -> None:
+        if lock is None:
+            lock = DistLock(check_name(name), client=client)
+        elif not isinstance(lock, _AsyncLock):
+            raise TypeError("lock must be a distlock.asyncio lock (DistLock, DistRLock, or a side "
+                            f"of a DistReadWriteLock), not {type(lock).__name__}")
+        super().__init__(name, lock, client=client)
+
+    def _session(self) -> Any:
+        if self._client_arg is None:
+            return self._lock._session()
+        return super()._session()
+
+    def _release_save_flow(self, session: Any) -> Any:
+        """The lock's own flows, always: an asyncio lock has no blocking methods to call."""
+        lock = self._lock
+        if isinstance(lock, _lock._ThreadOwned):
+            return (yield from lock._release_all())
+        yield from lock._release_one()
+        return None
+
+    def _acquire_restore_flow(self, session: Any, saved: Any) -> Any:
+        lock = self._lock
+        if isinstance(lock, _lock._ThreadOwned) and isinstance(saved, tuple) \
+                and saved is not _condition._SELF_RELEASED:
+            yield from lock._restore(saved)
+        else:
+            yield from lock._acquire(True, None, _lock._UNSET, 1)
+
+    def locked(self) -> Query[bool]:
+        """Whether anyone holds the lock: ``await cond.locked()``."""
+        return self._lock.locked()  # type: ignore[no-any-return]
+
+    async def wait(self, timeout: Optional[float] = None) -> bool:  # type: ignore[override]
+        """Release the lock, wait until notified (or ``timeout`` seconds, the blocking class'
+        extra), take the lock back; True when notified. A cancelled wait takes the lock back
+        before the cancellation propagates, as asyncio's does."""
+        return bool(await self._adrive(self._wait_flow(timeout)))
+
+    async def wait_for(self, predicate: Callable[[], T], timeout: Optional[float] = None) -> T:  # type: ignore[override]
+        """Wait until ``predicate()`` (a plain callable) is true; return its last result."""
+        return await self._adrive(self._wait_for_flow(predicate, timeout))  # type: ignore[no-any-return]
+
+    def notify(self, n: int = 1) -> Started[None]:  # type: ignore[override]
+        """Wake ``n`` waiters, anywhere, at once. RuntimeError here unless the lock is held."""
+        return self._start(self._notify_flow(n))
+
+    def notify_all(self) -> Started[None]:  # type: ignore[override]
+        """Wake every waiter, anywhere, at once."""
+        return self._start(self._notify_all_flow())
+
+    async def __aenter__(self) -> None:
+        await self._lock.acquire()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._lock.release()
+
+
+class _AsyncSide(_AsyncLock):
+    @staticmethod
+    def _me() -> Any:
+        return task_ident()
+
+
+class DistReadLock(_AsyncSide, _rwlock.DistReadLock):  # type: ignore[misc]
+    """The read side of a ``distlock.asyncio.DistReadWriteLock`` (owned by the task)."""
+
+
+class DistWriteLock(_AsyncSide, _rwlock.DistWriteLock):  # type: ignore[misc]
+    """The write side of a ``distlock.asyncio.DistReadWriteLock`` (owned by the task)."""
+
+
+class DistReadWriteLock(_rwlock.DistReadWriteLock):
+    """The blocking DistReadWriteLock's semantics for tasks: ``read_lock()`` and
+    ``write_lock()`` return its two sides, each with ``distlock.asyncio.DistRLock``'s surface
+    (``await side.acquire()``, ``async with side``, ``side.release()``); the same lock as
+    ``distlock.DistReadWriteLock`` of that name."""
+
+    def __init__(self, name: str, *, client: Any = None, lease: Optional[float] = None) -> None:
+        self._name = check_name(name)
+        check_lease(lease)
+        rw = RWKeys.of(settings().prefix, self._name)
+        self._read = DistReadLock(self._name, rw, client=client, lease=lease)
+        self._write = DistWriteLock(self._name, rw, client=client, lease=lease)
+
+    def __repr__(self) -> str:
+        return f"<distlock.asyncio.DistReadWriteLock object name={self._name!r} at {hex(id(self))}>"

@@ -1,0 +1,85 @@
+"""distlock.asyncio's DistLock and DistRLock: the blocking classes' flows, awaited.
+
+``DistLock`` is ``asyncio.Lock`` across processes and hosts: the hold belongs to the object,
+so any task may release it. ``DistRLock`` is a task-reentrant lock (which asyncio lacks): the
+holding task re-enters, only it may release, and ``DistCondition`` over it works as
+``asyncio.Condition`` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .. import _lock
+from .._flow import Query, Started, adrive
+from .._logic import check_acquire_args, lock_repr
+from ._shell import AsyncShell, task_ident
+
+__all__ = ["DistLock", "DistRLock"]
+
+
+class _AsyncLock(AsyncShell, _lock._LockBase):
+    """The asyncio surface both locks share."""
+
+    async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:  # type: ignore[override]
+        """Acquire the lock: the blocking class' ``acquire``, awaited (same arguments, checks,
+        errors and results). A cancelled acquire leaves no hold and no waiter entry behind, and
+        the cancellation propagates."""
+        blocking_, timeout_ = check_acquire_args(blocking, timeout)
+        return await adrive(self._acquire(blocking_, timeout_, _lock._UNSET, 1), self._port())
+
+    async def try_lock(self, timeout: Optional[float] = 0.0, lease: Optional[float] = None) -> bool:  # type: ignore[override]
+        """``tryLock(wait, lease)``, awaited: see the blocking class."""
+        return bool(await self._adrive(self._try_lock(timeout, lease)))
+
+    def locked(self) -> Query[bool]:  # type: ignore[override]
+        """Whether anyone, anywhere, holds the lock: ``await lock.locked()``."""
+        return self._query(self._locked)
+
+    def release(self) -> Started[None]:  # type: ignore[override]
+        """Release the lock, at once: a caller that does not hold it gets RuntimeError here;
+        otherwise the release is on its way when this returns, and completes even if the
+        caller is cancelled. Await the result to learn its outcome (LockLostError when the
+        lease was lost meanwhile)."""
+        return self._start(self._release_one())
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.release()
+
+
+class DistLock(_AsyncLock, _lock.DistLock):  # type: ignore[misc]
+    """``asyncio.Lock`` shared by every process and host that names it on one Redis; the same
+    lock as ``distlock.DistLock`` of that name. Any task may release it. Arguments: as the
+    blocking class, with ``client`` a ``redis.asyncio.Redis`` or a URL."""
+
+    def __repr__(self) -> str:
+        session = self._peek_session()
+        held = session is not None and self._current(session) is not None
+        return lock_repr(self, "asyncio.DistLock", self._name, held)
+
+
+class DistRLock(_AsyncLock, _lock.DistRLock):  # type: ignore[misc]
+    """A task-reentrant lock shared by every process and host that names it on one Redis: the
+    holding task re-enters (through any DistRLock of the name), and only it may release. The
+    same lock as ``distlock.DistRLock`` of that name (a thread and a task are different
+    owners)."""
+
+    @staticmethod
+    def _me() -> Any:
+        return task_ident()
+
+    def _release_save(self) -> Any:
+        raise TypeError("distlock.asyncio.DistRLock is awaited: use distlock.asyncio.DistCondition")
+
+    def __repr__(self) -> str:
+        session = self._peek_session()
+        owner, count = None, 0
+        if session is not None:
+            for (key, holder), hold in list(session.holds.items()):
+                if key == self._keys.lock and not hold.lost and ":task-" in holder:
+                    owner, count = holder.rsplit(":", 1)[1], hold.count
+                    break
+        return lock_repr(self, "asyncio.DistRLock", self._name, count > 0, f"owner={owner} count={count}")

@@ -1,0 +1,144 @@
+"""What every asyncio primitive adds to the flows it shares with its blocking twin.
+
+An asyncio class subclasses the blocking one, which owns the flows (``_flow``), the keys, the
+checks and the bookkeeping, and only replaces the public methods:
+
+- waits are coroutines that ``adrive`` a flow on the loop's ``AsyncPort``;
+- state changes (``release``, ``set``, ``notify``...) run their flow at once up to its first
+  round trip (a misuse raises there), then go on in a task: ``Started``;
+- queries (``locked``, ``is_set``...) return a ``Query``, which is not a truth value.
+
+Holds belong to the server's blocking session (``AsyncPort.core``), whose watchdog thread
+renews them; ``on_lost`` callbacks run in the primitive's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import logging
+import weakref
+from typing import Any, Callable, Optional
+
+from .._asession import AsyncPort, port_for
+from .._config import check_async_client, resolve_async_client
+from .._flow import Flow, Query, Started, adrive, start
+from .._session import Session
+
+__all__ = ["AsyncShell", "task_ident"]
+
+log = logging.getLogger("distlock")
+
+
+class AsyncShell:
+    """Mixed in before the blocking class (``class DistLock(AsyncShell, _lock.DistLock)``)."""
+
+    _aport: Optional[AsyncPort] = None
+    _loop_ref: Any = None
+    _client_arg: Any = None
+    _client: Any = None
+    _lost_callbacks: Any
+
+    def __init__(self, *args: Any, client: Any = None, **kwargs: Any) -> None:
+        if client is not None:
+            check_async_client(client, type(self).__name__)
+        super().__init__(*args, client=None, **kwargs)  # type: ignore[call-arg]
+        self._client_arg = client
+
+    # --- where a flow runs ------------------------------------------------------------------------
+
+    def _port(self) -> AsyncPort:
+        """The port of this primitive's client in the running loop (RuntimeError outside one)."""
+        loop = asyncio.get_running_loop()
+        port = self._aport
+        if port is None or port.loop_ref() is not loop or not port.live:
+            client = self._client
+            if client is None or self._loop_ref is None or self._loop_ref() is not loop:
+                client = self._client = resolve_async_client(self._client_arg)
+            port = self._aport = port_for(client)
+            self._loop_ref = port.loop_ref
+        return port
+
+    def _session(self) -> Session:
+        return self._port().core
+
+    def _peek_session(self) -> Optional[Session]:
+        port = self._aport
+        return port.core if port is not None and port.live else None
+
+    async def _adrive(self, flow: Flow[Any]) -> Any:
+        return await adrive(flow, self._port())
+
+    def _start(self, flow: Flow[Any]) -> Started[Any]:
+        return start(flow, self._port)
+
+    def _query(self, make: Callable[[], Flow[Any]]) -> Query[Any]:
+        return Query(lambda: self._adrive(make()))
+
+    def _drive(self, flow: Flow[Any]) -> Any:
+        flow.close()
+        raise TypeError(f"distlock.asyncio.{type(self).__name__} is awaited: this blocking call "
+                        f"has no asyncio form; use distlock.{type(self).__name__} in threads")
+
+    def __enter__(self) -> Any:
+        raise TypeError(f"use 'async with' with distlock.asyncio.{type(self).__name__}")
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+    # --- on_lost, in the loop -----------------------------------------------------------------
+
+    def _fire_lost(self) -> None:
+        """Run the ``on_lost`` callbacks in this primitive's loop: a plain function through
+        ``call_soon_threadsafe``, a coroutine function as a task. Called from the watchdog
+        thread, or from the loop itself (a release that found the hold gone)."""
+        loop = self._loop_ref() if self._loop_ref is not None else None
+        for callback in list(self._lost_callbacks):
+            if loop is None or loop.is_closed():
+                log.warning("distlock: on_lost callback %r not run: its event loop is gone", callback)
+                continue
+            try:
+                loop.call_soon_threadsafe(_run_callback, callback, self)
+            except RuntimeError:  # closed meanwhile
+                log.warning("distlock: on_lost callback %r not run: its event loop is gone", callback)
+
+
+def _run_callback(callback: Callable[[Any], Any], subject: Any) -> None:
+    """In the loop: call ``callback(subject)``; a coroutine function's coroutine becomes a task.
+    What either raises is logged, never propagated."""
+    try:
+        if inspect.iscoroutinefunction(callback):
+            task = asyncio.ensure_future(callback(subject))
+            _tasks.add(task)
+            task.add_done_callback(_callback_done)
+        else:
+            callback(subject)
+    except Exception:  # noqa: BLE001 - a callback must not break the loop
+        log.exception("distlock: on_lost callback %r failed", callback)
+
+
+#: callback tasks still running (the loop keeps only weak references to its tasks)
+_tasks: set[asyncio.Future[Any]] = set()
+
+
+def _callback_done(task: asyncio.Future[Any]) -> None:
+    _tasks.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("distlock: on_lost callback failed", exc_info=task.exception())
+
+
+_task_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_serial = itertools.count(1)
+
+
+def task_ident() -> str:
+    """Who owns a task-owned hold: the current task (``task-<n>``, unique in this process for
+    as long as it runs; never an ``id()``, which a later task could reuse)."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("distlock.asyncio: no current task (call this from a coroutine)")
+    ident = _task_ids.get(task)
+    if ident is None:
+        ident = _task_ids[task] = f"task-{next(_serial)}"
+    return ident
