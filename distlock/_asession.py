@@ -167,7 +167,7 @@ class AsyncPort:
             self._hot = conn
             if not self._cooling:
                 self._cooling = True
-                loop.call_later(HOT_IDLE, self._cool)
+                loop.call_later(HOT_IDLE, _cool, weakref.ref(self))
         else:
             _spawn(self._give(conn))
 
@@ -178,7 +178,7 @@ class AsyncPort:
             return
         idle = loop.time() - self._hot_used
         if self._hot is not None and idle < HOT_IDLE:
-            loop.call_later(HOT_IDLE - idle, self._cool)
+            loop.call_later(HOT_IDLE - idle, _cool, weakref.ref(self))
             return
         self._cooling = False
         conn, self._hot = self._hot, None
@@ -204,6 +204,13 @@ class AsyncPort:
     @property
     def live(self) -> bool:
         return not self.core.closed
+
+
+def _cool(ref: weakref.ref[AsyncPort]) -> None:
+    """A timer's callback that does not keep its port alive."""
+    port = ref()
+    if port is not None:
+        port._cool()
 
 
 #: ports per asyncio client; each client's list holds one port per loop it was used in

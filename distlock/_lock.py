@@ -11,7 +11,9 @@ holder's host:pid) and differ only in who the owner is:
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 import os
 import threading
 import time
@@ -43,6 +45,8 @@ from ._waitpolicy import HINTED, LAST, WAIT
 
 __all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "release_into"]
 
+
+log = logging.getLogger("distlock")
 
 _UNSET: Any = object()
 T = TypeVar("T")
@@ -286,9 +290,17 @@ class _LockBase(SessionUser):
             raise LockLostError(f"lease on {self._name!r} was lost before release",
                                 name=self._name, token=hold.token)
         hold.releasing = True  # a renewal racing this release must not call the hold lost
+        depth = hold.count
         try:
             outcome = decode_release((yield from self._call_release(hold, count)))
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and self._hold_key == self._keys.lock:
+                # An asyncio release cut short (its loop is shutting down and cancelled the
+                # tasks it waits on): the watchdog thread finishes it, reading first whether
+                # it ran. The hold stays registered meanwhile, so interpreter exit gives it
+                # back if the process ends first. A release is never left undone.
+                session.defer(functools.partial(_finish_release, self, session, hold, count, depth))
+                raise
             # The server may or may not have released it; stop renewing so that, at worst, the
             # hold ends with its lease.
             self._forget(hold)
@@ -370,6 +382,26 @@ class _LockWaiting(Waiting):
 
     def unregister(self) -> Flow[None]:
         return (yield from self._lock._unregister(self.channel))
+
+
+def _finish_release(lock: _LockBase, session: Session, hold: Hold, count: int, depth: int) -> None:
+    """In the watchdog thread: finish a release whose round trip was cut short. It may have run
+    (it is never sent blind, DESIGN principle 13): send it only if the hold is still there at
+    the depth it had; then keep the books as the release would have."""
+    try:
+        held, token = session.read("HMGET", hold.key, hold.owner, ":t")
+        if held is not None and token is not None and int(token) == hold.token and int(held) == depth:
+            drive(lock._call_release(hold, count), session)
+        held = session.read("HGET", hold.key, hold.owner)
+    except Exception as exc:  # noqa: BLE001 - what cannot be finished ends with its lease
+        log.warning("distlock: could not finish the release of %s: %r", hold.key, exc)
+        held = None
+    if held is None:
+        lock._forget(hold)
+        session.drop_hold(hold)
+    else:
+        hold.count = int(held)
+        hold.releasing = False
 
 
 def _notify_lost(lock: _LockBase) -> None:

@@ -390,8 +390,9 @@ def _recorded(keys: SemKeys) -> Flow[Optional[int]]:
 
 
 class _SemWaiting(Waiting):
-    """One wait for a permit. Interrupted, it leaves nothing to undo at once: its queue entry
-    runs out by itself within ``entry_ms`` (a try to leave it could take a permit)."""
+    """One wait for a permit. Interrupted (or cancelled), it takes its own entry off the queue
+    (a ZREM, not a try, which could take a permit); if the server cannot be reached, the entry
+    runs out by itself within ``entry_ms``."""
 
     def __init__(self, sem: DistSemaphore, session: Session, pid: str, ms: int, watchdog: bool,
                  queue_ms: int) -> None:
@@ -402,6 +403,12 @@ class _SemWaiting(Waiting):
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         session, pid, ms, watchdog, queue_ms = self._args
         return (yield from self._sem._attempt(session, mode, pid, ms, watchdog, queue_ms))
+
+    def abandon(self) -> Flow[None]:
+        try:
+            yield (READ, "ZREM", self._sem._keys.queue, self._args[1])
+        except redis.RedisError:
+            pass
 
 
 def _notify_lost(sem: DistSemaphore) -> None:

@@ -28,6 +28,12 @@ if st[1] == ARGV[2] then
     end
     if ARGV[3] == 'l' then
       redis.call('zrem', KEYS[2], ARGV[1])
+      -- the last party left a generation nobody else waits in: the barrier is at rest, and
+      -- its state goes (unless released parties of the last trip may still look, 'k')
+      if redis.call('zcard', KEYS[2]) == 0 and st[2] ~= '1'
+          and tonumber(redis.call('hget', KEYS[1], 'k') or '0') <= NOW then
+        redis.call('del', KEYS[1])
+      end
       return 0
     end
     return 0
