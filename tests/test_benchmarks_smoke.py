@@ -47,3 +47,23 @@ def test_bench_metrics_quick_prints_the_overhead() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "metrics recording" in proc.stdout and "share of DistLock acquire+release" in proc.stdout
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_bench_asyncio_quick_prints_every_figure() -> None:
+    if redis_server_binary() is None:
+        pytest.skip("the benchmark starts its own redis-server, and there is none on PATH")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_asyncio.py"), "--quick",
+         "--rounds", "2", "--ops", "5", "--tasks", "20"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for figure in ("floor", "uncontended acquire+release", "handoff median", "contended ops/s",
+                   "contended lost updates", "waiting 20 tasks: connections",
+                   "waiting 20 tasks: commands/s"):
+        assert figure in out, out
+    for label in ("DistLock", "DistRLock", "redis-py asyncio Lock", "pottery AIORedlock"):
+        assert label in out, out
