@@ -51,8 +51,9 @@ class AsyncDispatcher(Board):
             if pubsub is not None:
                 try:
                     async with self._io:
-                        await pubsub.subscribe(channel_name)
-                except redis.RedisError as exc:  # the reader reconnects and subscribes again
+                        await asyncio.wait_for(pubsub.subscribe(channel_name), settings().wait_cap)
+                except (redis.RedisError, asyncio.TimeoutError) as exc:
+                    # the reader reconnects and subscribes again; meanwhile the waiter polls
                     log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
             if bound is None or bound > 0:
                 cap = settings().wait_cap
@@ -94,6 +95,8 @@ class AsyncDispatcher(Board):
                 except Exception as exc:  # noqa: BLE001 - the reader must outlive any failure
                     if self.closed:
                         break
+                    if self._drop_idle()[1]:
+                        return  # nobody waits any more: no reason to reconnect
                     await self._on_broken(exc)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 1.0)

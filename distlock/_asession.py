@@ -34,11 +34,15 @@ import redis.asyncio as aredis
 from redis.asyncio import connection as aconnection
 
 from ._apubsub import AsyncDispatcher
+from ._clients import DEFAULT_IO_TIMEOUT
 from ._executor import SCRIPT_CONCURRENCY, located, packer, taker
 from ._pubsub import Waiter
 from ._session import Session, session_for
 
 __all__ = ["AsyncPort", "port_for"]
+
+#: ``asyncio.timeout`` (Python 3.11+)
+_timeout: Any = getattr(asyncio, "timeout", None)
 
 #: How long the hot connection stays out of the pool unused (seconds).
 HOT_IDLE = 1.0
@@ -100,6 +104,16 @@ class AsyncPort:
         #: One connection kept out of the pool between scripts (see ``_send``), and when it
         #: was last used (loop time).
         self._hot: Any = None
+        #: the bound of every wait for the server, when the client sets none (see ``_bounded``)
+        kwargs = pool.connection_kwargs
+        #: ... for an answer (the client has no ``socket_timeout``)
+        self._io_bound: Optional[float] = None
+        if kwargs.get("socket_timeout") is None:
+            self._io_bound = DEFAULT_IO_TIMEOUT
+        #: ... for a connection (no ``socket_connect_timeout``, nor ``socket_timeout``)
+        self._connect_bound = self._io_bound
+        if kwargs.get("socket_connect_timeout") is None and self._connect_bound is None:
+            self._connect_bound = DEFAULT_IO_TIMEOUT if kwargs.get("socket_timeout") is None else None
         self._hot_used = 0.0
         self._cooling = False
         self._pack = packer(pool.get_encoder())
@@ -137,17 +151,26 @@ class AsyncPort:
         each use, as the pool checks its own."""
         packed = self._pack(args)
         conn = self._hot
-        if conn is not None:
-            self._hot = None
+        self._hot = None
+        try:
+            if conn is None:
+                conn = await self._bounded(self._take(), self._connect_bound)
             reader = getattr(conn, "_reader", None)
             if reader is None or reader.at_eof():
-                await self._give(conn)  # stale: the pool reconnects it when it is next taken
-                conn = await self._take()
-        else:
-            conn = await self._take()
+                # closed by the server (a restart) while idle: nothing was sent on it yet, so
+                # connect afresh (redis-py 8's pool may hand a dead connection back as it is)
+                await conn.disconnect(nowait=True)
+                await self._bounded(conn.connect(), self._connect_bound)
+        except BaseException:
+            if conn is not None:
+                await self._give(conn)
+            raise
         try:
             await conn.send_packed_command(packed)
-            reply = await conn.read_response()
+            if self._io_bound is None:
+                reply = await conn.read_response()
+            else:  # (read_response's own timeout returns None when it runs out: no good here)
+                reply = await self._bounded(conn.read_response(), self._io_bound)
         except redis.exceptions.ResponseError:
             self._keep(conn)  # the whole reply was read: the connection is clean
             raise
@@ -187,7 +210,23 @@ class AsyncPort:
 
     async def read(self, *command: Any) -> Any:
         """One command that is safe to repeat, through the client (retries and all)."""
-        return await self._client.execute_command(*command)
+        return await self._bounded(self._client.execute_command(*command), self._io_bound)
+
+    @staticmethod
+    async def _bounded(coro: Any, bound: Optional[float]) -> Any:
+        """Await ``coro``, at most ``bound`` seconds: ``DEFAULT_IO_TIMEOUT`` where the client
+        sets no timeout of its own (then a server that stops answering would block it for
+        ever), else None (no bound but the client's); a redis TimeoutError when it runs out."""
+        if bound is None:
+            return await coro
+        try:
+            if _timeout is None:  # Python < 3.11: a task per call, but bounded all the same
+                return await asyncio.wait_for(coro, bound)
+            async with _timeout(bound):  # no task: a timer that cancels this one
+                return await coro
+        except asyncio.TimeoutError:
+            raise redis.exceptions.TimeoutError(
+                f"no answer from the server within {bound} s") from None
 
     async def join(self, channel: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
         return await self.dispatcher.join(channel, bound, ident)

@@ -65,7 +65,11 @@ class DistRLock(_AsyncLock, _lock.DistRLock):  # type: ignore[misc]
     """A task-reentrant lock shared by every process and host that names it on one Redis: the
     holding task re-enters (through any DistRLock of the name), and only it may release. The
     same lock as ``distlock.DistRLock`` of that name (a thread and a task are different
-    owners)."""
+    owners).
+
+    Bound a wait with ``acquire(timeout=...)`` or ``asyncio.timeout()``, not with
+    ``asyncio.wait_for(lock.acquire(), ...)``: before Python 3.12, ``wait_for`` runs the acquire
+    in a task of its own, which then owns the hold, and the caller cannot release it."""
 
     @staticmethod
     def _me() -> Any:
