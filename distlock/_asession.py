@@ -25,9 +25,11 @@ port.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
+import time
 import weakref
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import redis
 import redis.asyncio as aredis
@@ -104,6 +106,10 @@ class AsyncPort:
         #: One connection kept out of the pool between scripts (see ``_send``), and when it
         #: was last used (loop time).
         self._hot: Any = None
+        #: reads in flight (connection -> when it began, monotonic) and whether the overdue
+        #: check is scheduled (see ``_send``)
+        self._inflight: Dict[Any, float] = {}
+        self._checking = False
         #: the bound of every wait for the server, when the client sets none (see ``_bounded``)
         kwargs = pool.connection_kwargs
         #: ... for an answer (the client has no ``socket_timeout``)
@@ -118,7 +124,9 @@ class AsyncPort:
         self._cooling = False
         self._pack = packer(pool.get_encoder())
         self._scripts = self.core.executor.scripts
-        self._gate = asyncio.Semaphore(SCRIPT_CONCURRENCY)
+        #: run slots (see ``run``): how many are free, and the tasks waiting for one
+        self._free = SCRIPT_CONCURRENCY
+        self._gate_waiters: Deque[asyncio.Future[None]] = collections.deque()
         self._client = weakref.proxy(client)
         proxy = self._client  # never a bound method of the client: that would keep it alive
         self.dispatcher = AsyncDispatcher(lambda: proxy.pubsub())
@@ -129,16 +137,45 @@ class AsyncPort:
         """One script as EVALSHA (``Executor.run``'s rules: never sent twice; NOSCRIPT means
         it did not run, so it is loaded and sent again)."""
         script = self._scripts[name]
-        async with self._gate:
+        if self._free > 0:
+            self._free -= 1  # no await between the look and the take: nobody else runs here
+        else:
+            await self._gate_wait()
+        try:
+            for _ in range(_NOSCRIPT_TRIES):
+                try:
+                    return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+                except redis.exceptions.NoScriptError:
+                    await self._send("SCRIPT", "LOAD", script.script)
+            return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.exceptions.ResponseError as exc:
+            raise located(name, exc) from None
+        finally:
+            self._free += 1
+            if self._gate_waiters:
+                self._wake_next()
+
+    async def _gate_wait(self) -> None:
+        """Wait for one of the ``SCRIPT_CONCURRENCY`` run slots (all are in flight), in turn."""
+        loop = asyncio.get_running_loop()
+        while self._free <= 0:
+            fut = loop.create_future()
+            self._gate_waiters.append(fut)
             try:
-                for _ in range(_NOSCRIPT_TRIES):
-                    try:
-                        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
-                    except redis.exceptions.NoScriptError:
-                        await self._send("SCRIPT", "LOAD", script.script)
-                return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
-            except redis.exceptions.ResponseError as exc:
-                raise located(name, exc) from None
+                await fut
+            except BaseException:
+                if fut.done() and not fut.cancelled() and self._free > 0:
+                    self._wake_next()  # handed a slot it will not use: pass the turn on
+                raise
+        self._free -= 1
+
+    def _wake_next(self) -> None:
+        waiting = self._gate_waiters
+        while waiting:
+            fut = waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
 
     async def _send(self, *args: Any) -> Any:
         """Send one command on the direct path; never retried.
@@ -165,22 +202,50 @@ class AsyncPort:
             if conn is not None:
                 await self._give(conn)
             raise
+        inflight = self._inflight
         try:
+            if self._io_bound is not None:
+                # A read the client would let wait for ever: the overdue check bounds it
+                # (one timer for every read in flight, not one per read).
+                inflight[conn] = time.monotonic()
+                if not self._checking:
+                    self._checking = True
+                    asyncio.get_running_loop().call_later(self._io_bound / 4, _overdue, weakref.ref(self))
             await conn.send_packed_command(packed)
-            if self._io_bound is None:
-                reply = await conn.read_response()
-            else:  # (read_response's own timeout returns None when it runs out: no good here)
-                reply = await self._bounded(conn.read_response(), self._io_bound)
+            reply = await conn.read_response()
         except redis.exceptions.ResponseError:
             self._keep(conn)  # the whole reply was read: the connection is clean
             raise
-        except BaseException:
+        except BaseException as exc:
             # a reply may be left half-read (a cancellation, a timeout): never reuse it
+            overdue = self._io_bound is not None and conn not in inflight
             await conn.disconnect(nowait=True)
             await self._give(conn)
+            if overdue and isinstance(exc, redis.exceptions.ConnectionError):
+                raise redis.exceptions.TimeoutError(
+                    f"no answer from the server within {self._io_bound} s") from None
             raise
+        finally:
+            inflight.pop(conn, None)
         self._keep(conn)
         return reply
+
+    def _check_overdue(self) -> None:
+        """The overdue check: close the connection of every read that has waited longer than
+        the bound (its ``_send`` then raises TimeoutError); look again while reads are in
+        flight."""
+        bound = self._io_bound
+        assert bound is not None
+        now = time.monotonic()
+        for conn, since in list(self._inflight.items()):
+            if now - since > bound:
+                del self._inflight[conn]
+                _spawn(conn.disconnect(nowait=True))
+        loop = self.loop_ref()
+        if self._inflight and loop is not None and not loop.is_closed():
+            loop.call_later(bound / 4, _overdue, weakref.ref(self))
+        else:
+            self._checking = False
 
     def _keep(self, conn: Any) -> None:
         """After a script: keep ``conn`` as the hot connection, or give it back."""
@@ -243,6 +308,12 @@ class AsyncPort:
     @property
     def live(self) -> bool:
         return not self.core.closed
+
+
+def _overdue(ref: weakref.ref[AsyncPort]) -> None:
+    port = ref()
+    if port is not None:
+        port._check_overdue()
 
 
 def _cool(ref: weakref.ref[AsyncPort]) -> None:

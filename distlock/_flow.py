@@ -25,7 +25,7 @@ giving a lost grant back) run in both shells.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Generator, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional, TypeVar
 
 __all__ = ["Flow", "drive", "adrive", "start", "Started", "RUN", "READ", "JOIN", "SLEEP", "LEAVE",
            "SLOT"]
@@ -56,16 +56,25 @@ def drive(flow: Flow[T], port: Any) -> T:
 async def adrive(flow: Flow[T], port: Any, op: Optional[tuple] = None) -> T:  # type: ignore[type-arg]
     """``drive`` for an asyncio ``port``, whose ops are coroutines. ``op``: the flow's first
     op, when the caller has already stepped it there (see ``start``)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
     try:
         if op is None:
             op = next(flow)
         while True:
+            asked = cancelling() if cancelling is not None else 0
             try:
                 reply = await getattr(port, op[0])(*op[1:])
             except BaseException as exc:  # noqa: BLE001 - a cancellation included: see above
                 op = flow.throw(exc)
             else:
-                op = flow.send(reply)
+                if cancelling is not None and cancelling() > asked:
+                    # Cancelled during the op, but the cancellation was swallowed on its way
+                    # (asyncio.wait_for before Python 3.12, gh-86296, which redis-py uses
+                    # around its writes): deliver it, as if it had cut the reply off.
+                    op = flow.throw(asyncio.CancelledError())
+                else:
+                    op = flow.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
 
@@ -74,15 +83,37 @@ class Started(Awaitable[T]):
     """What a state change of an asyncio primitive returns (``release()``, ``set()``,
     ``notify()``): the change has started, and goes on whether or not it is awaited, and even
     when the task awaiting it is cancelled. Awaiting it waits for the outcome and raises its
-    errors. It is not a truth value: ``if lock.release():`` raises TypeError."""
+    errors. It is not a truth value: ``if lock.release():`` raises TypeError.
 
-    __slots__ = ("_task", "_value")
+    The rest of the change runs in a task of its own (``_Unstoppable``), made at the loop's
+    next turn, unless the caller awaits first (``await lock.release()``, the usual case). A
+    change that may finish in the awaiting task (``inline``: one whose flow hands a cut-short
+    round trip to the watchdog thread, as a lock's release does) then runs there, without a
+    task; any other is handed to its task at once."""
 
-    def __init__(self, task: Optional[asyncio.Future[T]], value: Any = None) -> None:
+    __slots__ = ("_task", "_value", "_rest", "_inline")
+
+    def __init__(self, task: Optional[asyncio.Future[T]], value: Any = None,
+                 rest: Optional[Callable[[], Coroutine[Any, Any, T]]] = None,
+                 inline: bool = False) -> None:
         self._task = task
         self._value = value
+        self._rest = rest  # the coroutine that finishes the change, not started yet
+        self._inline = inline
+
+    def _launch(self) -> None:
+        """The loop's next turn: nobody awaited the change yet; a task finishes it."""
+        rest, self._rest = self._rest, None
+        if rest is not None:
+            self._task = _Unstoppable(rest(), loop=asyncio.get_running_loop())
 
     def __await__(self) -> Generator[Any, None, T]:
+        rest = self._rest
+        if rest is not None:
+            self._rest = None
+            if self._inline:
+                return (yield from rest().__await__())
+            self._task = _Unstoppable(rest(), loop=asyncio.get_running_loop())
         task = self._task
         if task is None:
             return self._value  # type: ignore[no-any-return]
@@ -94,22 +125,25 @@ class Started(Awaitable[T]):
         raise TypeError("this is an awaitable, not a truth value: use 'await'")
 
     def done(self) -> bool:
-        return self._task is None or self._task.done()
+        return self._rest is None and (self._task is None or self._task.done())
 
 
-def start(flow: Flow[T], port: Callable[[], Any]) -> Started[T]:
+def start(flow: Flow[T], port: Callable[[], Any], inline: bool = False) -> Started[T]:
     """Run ``flow`` at once up to its first op, in the caller (its checks raise here, and its
-    bookkeeping is done before this returns), then the rest in a task of the running loop."""
+    bookkeeping is done before this returns), then the rest as ``Started`` says."""
     try:
         op = next(flow)
     except StopIteration as stop:
         return Started(None, stop.value)
     try:
-        task = _Unstoppable(adrive(flow, port(), op), loop=asyncio.get_running_loop())
+        target = port()
+        loop = asyncio.get_running_loop()
     except BaseException:
         flow.close()
         raise
-    return Started(task)
+    started: Started[T] = Started(None, rest=lambda: adrive(flow, target, op), inline=inline)
+    loop.call_soon(started._launch)
+    return started
 
 
 class _Unstoppable(asyncio.Task):  # type: ignore[type-arg]

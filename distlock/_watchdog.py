@@ -52,6 +52,7 @@ class Hold:
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
         "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
+        "pending",
         "__weakref__",
     )
 
@@ -87,6 +88,9 @@ class Hold:
         #: for a grant (a lock, a permit; not a waiter's lease): when it was sent, until its
         #: hold time is recorded (then 0.0)
         self.granted_at = sent_at if grant else 0.0
+        #: an asyncio release of this hold still in flight (``_flow.Started``), which a
+        #: re-entry by the same task waits for
+        self.pending: Any = None
 
 
 class Watchdog:

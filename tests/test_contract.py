@@ -98,7 +98,7 @@ def _aio_locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
 def _no_threading_condition(locktype: LockType) -> None:
     if locktype.id.startswith("aio."):
         pytest.skip("threading.Condition needs a blocking lock; asyncio's is "
-                    "distlock.asyncio.DistCondition (tests/test_aio_condition.py)")
+                    "distlock.asyncio.DistCondition (tests/test_aio_primitives.py)")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -864,6 +864,11 @@ class DistLockContract:
         assert token is not None and first_token is not None and token > first_token
         with pytest.raises(LockLostError):
             lock.release()
+        if locktype.id.startswith("aio."):  # on_lost runs in the lock's loop, soon after
+            for _ in range(500):
+                if lost:
+                    break
+                time.sleep(0.01)
         assert lost == [getattr(lock, "prim", lock)]
         assert lock.owned() is False
         assert lock.token is None

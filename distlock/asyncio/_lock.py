@@ -26,7 +26,10 @@ class _AsyncLock(AsyncShell, _lock._LockBase):
         errors and results). A cancelled acquire leaves no hold and no waiter entry behind, and
         the cancellation propagates."""
         blocking_, timeout_ = check_acquire_args(blocking, timeout)
-        return await adrive(self._acquire(blocking_, timeout_, _lock._UNSET, 1), self._port())
+        port = self._port()
+        if self._reentrant == "1":
+            await _settled(self._current(port.core))
+        return await adrive(self._acquire(blocking_, timeout_, _lock._UNSET, 1), port)
 
     async def try_lock(self, timeout: Optional[float] = 0.0, lease: Optional[float] = None) -> bool:  # type: ignore[override]
         """``tryLock(wait, lease)``, awaited: see the blocking class."""
@@ -41,13 +44,30 @@ class _AsyncLock(AsyncShell, _lock._LockBase):
         otherwise the release is on its way when this returns, and completes even if the
         caller is cancelled. Await the result to learn its outcome (LockLostError when the
         lease was lost meanwhile)."""
-        return self._start(self._release_one())
+        # A lock's own release may finish in the task that awaits it: cut short there, the
+        # watchdog thread completes it (see ``_lock._finish_release``); a side's may not.
+        held = self._current(self._session()) if self._reentrant == "1" else None
+        started = self._start(self._release_one(), self._hold_key == self._keys.lock)
+        if held is not None and not started.done():
+            held.pending = started  # the task's next acquire waits for it (see ``_settled``)
+        return started
 
     async def __aenter__(self) -> None:
         await self.acquire()
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.release()
+
+
+async def _settled(hold: Any) -> None:
+    """Wait for a release of ``hold`` the task started and did not await: its re-entry must
+    not count on a hold that is on its way out. What that release raised is the release's
+    business (it was reported to whoever awaits it, or logged)."""
+    if hold is not None and hold.pending is not None and not hold.pending.done():
+        try:
+            await hold.pending
+        except Exception:  # noqa: BLE001 - see above
+            pass
 
 
 class DistLock(_AsyncLock, _lock.DistLock):  # type: ignore[misc]

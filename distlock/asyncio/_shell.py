@@ -70,8 +70,8 @@ class AsyncShell:
     async def _adrive(self, flow: Flow[Any]) -> Any:
         return await adrive(flow, self._port())
 
-    def _start(self, flow: Flow[Any]) -> Started[Any]:
-        return start(flow, self._port)
+    def _start(self, flow: Flow[Any], inline: bool = False) -> Started[Any]:
+        return start(flow, self._port, inline)
 
     def _query(self, make: Callable[[], Flow[Any]]) -> Query[Any]:
         return Query(lambda: self._adrive(make()))
@@ -128,6 +128,7 @@ def _callback_done(task: asyncio.Future[Any]) -> None:
         log.error("distlock: on_lost callback failed", exc_info=task.exception())
 
 
+#: the ident of every task that asked for one, for as long as the task exists
 _task_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _serial = itertools.count(1)
 
