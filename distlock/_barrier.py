@@ -21,9 +21,11 @@ import threading
 import time
 from typing import Any, Callable, Optional, Tuple, TypeVar
 
+import redis
+
 from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, waiting_flow
-from ._flow import RUN, Flow
+from ._flow import READ, RUN, Flow
 from ._logic import check_name, lease_ms
 from ._outcomes import (
     JOINED,
@@ -311,8 +313,15 @@ class _BarrierWaiting(Waiting):
         return barrier._polled(code, self._index, last)
 
     def abandon(self) -> Flow[None]:
-        if self.hold is not None and self.hold.key == self._barrier._keys.waiters:
-            yield from self._barrier._poll(self.wid, self._gen, self._barrier._leave_mode, self._keep)
+        barrier = self._barrier
+        if self.hold is not None and self.hold.key == barrier._keys.waiters:
+            yield from barrier._poll(self.wid, self._gen, barrier._leave_mode, self._keep)
+        elif self.hold is None and barrier._leave_mode == "l":
+            # the arrival's reply never came (cancelled): it may have arrived; leave
+            try:
+                yield (READ, "ZREM", barrier._keys.waiters, self.wid)
+            except redis.RedisError:
+                pass
 
     def named(self) -> int:  # our id in a trip's hint: released, nothing to ask
         self._barrier._seen = (False, 0)

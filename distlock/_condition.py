@@ -29,6 +29,8 @@ import time
 import warnings
 from typing import Any, Callable, List, Optional, Set, Tuple, TypeVar
 
+import redis
+
 from ._condlogic import (
     CondKeys,
     check_wait_timeout,
@@ -38,7 +40,8 @@ from ._condlogic import (
 )
 from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, waiting_flow
-from ._flow import RUN, Flow
+from ._errors import LockLostError, LockNotOwnedError
+from ._flow import READ, RUN, Flow
 from ._lock import _UNSET, DistLock, DistRLock, _LockBase, _ThreadOwned, release_into, session_of
 from ._logic import Keys, check_name, lease_ms
 from ._outcomes import Busy, Outcome, cond_leave
@@ -305,7 +308,8 @@ class DistCondition(SessionUser):
             return session_of(lock)
         return super()._session()
 
-    def _join_and_release(self, session: Session, wid: str) -> Flow[Any]:
+    def _join_and_release(self, session: Session, wid: str,
+                          lost: Optional[Callable[[Any], None]] = None) -> Flow[Any]:
         """Join the queue and release the lock; return what restores the lock. From then on
         the watchdog renews the waiter's lease."""
         keys = self._keys
@@ -313,7 +317,7 @@ class DistCondition(SessionUser):
         sent_at = time.monotonic()
         # One script for both when the lock is a DistLock/DistRLock on this very session.
         if type(self._lock) in self._atomic_types and session_of(self._lock) is session:
-            saved = yield from self._release_and_join(session, wid, ms)
+            saved = yield from self._release_and_join(session, wid, ms, lost)
         else:
             yield (RUN, "cond_wait", keys.state, (wid, ms, "", ""))
             try:
@@ -324,12 +328,37 @@ class DistCondition(SessionUser):
         self._leases.add(session, wid, ms, sent_at, self._metered())
         return saved
 
-    def _release_and_join(self, session: Session, wid: str, ms: int) -> Flow[Any]:
+    def _release_and_join(self, session: Session, wid: str, ms: int,
+                          lost: Optional[Callable[[Any], None]] = None) -> Flow[Any]:
         """DistLock / DistRLock: release the caller's hold and join the queue in one script,
-        keeping the lock object's books as its own release would."""
+        keeping the lock object's books as its own release would.
+
+        When the script's reply is lost (the connection failed, the caller was interrupted or
+        cancelled), it may or may not have run: this makes it "released, not queued" either
+        way (gives the hold back if it is still there, leaves the queue), tells ``lost`` what
+        restores the lock, and lets the error propagate: the wait then takes the lock back,
+        as after any wait."""
         lock = self._lock
-        count = yield from release_into(lock, session, "cond_wait", self._keys.state, (wid, ms))
-        if isinstance(lock, DistRLock):
+        hold = lock._current(session)
+        depth = hold.count if hold is not None else 0  # release_into zeroes it
+        rlock = isinstance(lock, DistRLock)
+        try:
+            count = yield from release_into(lock, session, "cond_wait", self._keys.state, (wid, ms))
+        except (redis.ResponseError, LockNotOwnedError, LockLostError):
+            raise
+        except BaseException:
+            if hold is not None and lost is not None:
+                try:
+                    held, token = yield (READ, "HMGET", lock._keys.lock, hold.owner, ":t")
+                    if held is not None and token is not None and int(token) == hold.token:
+                        yield (RUN, "lock_release", (lock._keys.lock, lock._keys.queue),
+                               (hold.owner, hold.token, 0))
+                    yield from self._call_leave(wid, True)
+                except redis.RedisError:
+                    pass
+                lost((depth, lock._me()) if rlock else _SELF_RELEASED)
+            raise
+        if rlock:
             return count, lock._me()  # what DistRLock._release_save returns
         return _SELF_RELEASED
 
@@ -351,10 +380,14 @@ class _CondWaiting(Waiting):
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         if mode == FIRST:
-            self.saved = yield from self._cond._join_and_release(self._session, self.wid)
+            self.saved = yield from self._cond._join_and_release(self._session, self.wid,
+                                                                 self._lost_join)
             return Busy(None)
         last = mode == LAST
         return cond_leave((yield from self._cond._call_leave(self.wid, last)), last)
+
+    def _lost_join(self, saved: Any) -> None:
+        self.saved = saved
 
     def abandon(self) -> Flow[None]:
         if self.saved is not _NOT_RELEASED:  # queued: leave the queue

@@ -185,6 +185,11 @@ class _EventWaiting(Waiting):
     def abandon(self) -> Flow[None]:
         if self._known > 0:
             yield from self._event._call(self.wid, "l", self._ms, self._known)
+        else:  # its join's reply never came: take the entry it may have made off
+            try:
+                yield (READ, "ZREM", self._event._keys.waiters, self.wid)
+            except redis.RedisError:
+                pass
 
     def named(self) -> bool:
         # Taking our entry out of the set()'s 'taken' set changes nothing we return: it runs in

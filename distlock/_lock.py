@@ -580,7 +580,10 @@ class DistRLock(_ThreadOwned):
         if session is not None:
             for (key, holder), hold in list(session.holds.items()):
                 if key == self._keys.lock and not hold.lost:
-                    owner, count = int(holder.rsplit(":", 1)[1]), hold.count
+                    ident = holder.rsplit(":", 1)[1]
+                    if not ident.isdigit():
+                        continue  # a task's hold (distlock.asyncio), not a thread's
+                    owner, count = int(ident), hold.count
                     break
         return lock_repr(self, "DistRLock", self._name, count > 0, f"owner={owner} count={count}")
 

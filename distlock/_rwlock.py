@@ -64,8 +64,15 @@ class _RWSide(_ThreadOwned):
 
     def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> Flow[int]:
         self._refuse_upgrade(session)
-        return (yield from self._call_acquire(session, owner, ms, count, "",
-                                              queue_ms=self._queue_ms() if waits else 0))
+        try:
+            return (yield from self._call_acquire(session, owner, ms, count, "",
+                                                  queue_ms=self._queue_ms() if waits else 0))
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            if waits:  # a writer's first try may have queued it: leave the queue
+                yield from self._abandon(owner)
+            raise
 
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
         return _SideWaiting(self, session, owner, ms, count, watchdog, self._queue_ms())
@@ -115,7 +122,10 @@ class _RWSide(_ThreadOwned):
         if session is not None:
             for (key, holder), hold in list(session.holds.items()):
                 if key == self._hold_key and not hold.lost:
-                    owner, count = int(holder.rsplit(":", 1)[1]), hold.count
+                    ident = holder.rsplit(":", 1)[1]
+                    if not ident.isdigit():
+                        continue  # a task's hold (distlock.asyncio), not a thread's
+                    owner, count = int(ident), hold.count
                     break
         return lock_repr(self, self._kind, self._name, count > 0, f"owner={owner} count={count}")
 
@@ -184,9 +194,36 @@ class DistReadLock(_RWSide):
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
                       queued: bool = False) -> Flow[int]:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
-        return int((yield (RUN, "rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
-                           (owner, ms, ms + settings().fence_retention_ms, reentry_token,
-                            session.info))))
+        try:
+            return int((yield (RUN, "rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
+                               (owner, ms, ms + settings().fence_retention_ms, reentry_token,
+                                session.info))))
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            if not reentry_token:
+                yield from self._undo_lost_read(owner, session.info)
+            raise
+
+    def _undo_lost_read(self, owner: str, info: str) -> Flow[None]:
+        """A try for a new read hold lost its reply, and may have run (DESIGN principle 13):
+        find a member of ``owner`` among the readers and give it back, as a lock does
+        (``_LockBase._undo_lost_grant``). A server out of reach: it ends with its lease."""
+        rw = self._rw
+        try:
+            cursor: Any = 0
+            prefix = f"{owner}#"
+            for _ in range(1000):  # bounded: a readers' set is small
+                cursor, members = yield (READ, "ZSCAN", rw.readers, cursor, "MATCH", f"{prefix}*")
+                for member, _deadline in members:
+                    text = member.decode() if isinstance(member, bytes) else str(member)
+                    if text.startswith(prefix) and text.endswith(f"@{info}"):
+                        yield (RUN, "rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+                               (text,))
+                if int(cursor) == 0:
+                    return
+        except redis.RedisError:
+            pass
 
     def _still_held(self, hold: Hold) -> bool:
         """A read hold is a member of the readers' sorted set, scored by its deadline (server
@@ -256,9 +293,29 @@ class DistWriteLock(_RWSide):
         keys: Tuple[str, ...] = (rw.writer, rw.readers, rw.queue, rw.fence)
         if mode == "x":
             keys += (rw.reader_channel,)
-        return int((yield (RUN, "rw_write_acquire", keys,
-                           write_acquire_args(owner, ms, ms + settings().fence_retention_ms,
-                                              session.info, mode, queue_ms, count))))
+        try:
+            return int((yield (RUN, "rw_write_acquire", keys,
+                               write_acquire_args(owner, ms, ms + settings().fence_retention_ms,
+                                                  session.info, mode, queue_ms, count))))
+        except redis.ResponseError:
+            raise
+        except BaseException:
+            if not reentry_token:
+                yield from self._undo_lost_write(owner, count)
+            raise
+
+    def _undo_lost_write(self, owner: str, count: int) -> Flow[None]:
+        """A try for a new write hold lost its reply, and may have run: read the writer's hash
+        and give the hold back if it was granted (``_LockBase._undo_lost_grant``)."""
+        rw = self._rw
+        try:
+            held, token = yield (READ, "HMGET", rw.writer, owner, ":t")
+            if held is not None and token is not None:
+                yield (RUN, "rw_write_release",
+                       (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+                       optional_tail((owner, int(token)), int(held), 1))
+        except redis.RedisError:
+            pass
 
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         rw = self._rw

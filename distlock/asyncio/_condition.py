@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable, Optional, TypeVar
 
 from .. import _condition, _lock, _rwlock
-from .._config import settings
+from .._config import check_async_client, settings
 from .._flow import Query, Started
-from .._logic import check_lease, check_name
+from .._logic import check_lease, check_name, lock_repr
 from .._rwlogic import RWKeys
 from ._lock import DistLock, DistRLock, _AsyncLock
 from ._shell import AsyncShell, task_ident
@@ -29,8 +30,11 @@ class DistCondition(AsyncShell, _condition.DistCondition):
     _atomic_types = (DistLock, DistRLock)
 
     def __init__(self, name: str, lock: Any = None, *, client: Any = None) -> None:
+        check_name(name)
+        if client is not None:  # before the default lock's own check, which names DistLock
+            check_async_client(client, type(self).__name__)
         if lock is None:
-            lock = DistLock(check_name(name), client=client)
+            lock = DistLock(name, client=client)
         elif not isinstance(lock, _AsyncLock):
             raise TypeError("lock must be a distlock.asyncio lock (DistLock, DistRLock, or a side "
                             f"of a DistReadWriteLock), not {type(lock).__name__}")
@@ -50,12 +54,23 @@ class DistCondition(AsyncShell, _condition.DistCondition):
         return None
 
     def _acquire_restore_flow(self, session: Any, saved: Any) -> Any:
+        """Take the lock back at the end of a wait. Cancelled meanwhile, go on taking it, and
+        raise the cancellation once it is held, as ``asyncio.Condition.wait`` does: the caller's
+        ``async with`` then releases a lock it holds."""
         lock = self._lock
-        if isinstance(lock, _lock._ThreadOwned) and isinstance(saved, tuple) \
-                and saved is not _condition._SELF_RELEASED:
-            yield from lock._restore(saved)
-        else:
-            yield from lock._acquire(True, None, _lock._UNSET, 1)
+        cancelled: Optional[BaseException] = None
+        while True:
+            try:
+                if isinstance(lock, _lock._ThreadOwned) and isinstance(saved, tuple) \
+                        and saved is not _condition._SELF_RELEASED:
+                    yield from lock._restore(saved)
+                else:
+                    yield from lock._acquire(True, None, _lock._UNSET, 1)
+                break
+            except asyncio.CancelledError as exc:  # the try left nothing behind: try again
+                cancelled = exc
+        if cancelled is not None:
+            raise cancelled
 
     def locked(self) -> Query[bool]:
         """Whether anyone holds the lock: ``await cond.locked()``."""
@@ -87,9 +102,23 @@ class DistCondition(AsyncShell, _condition.DistCondition):
 
 
 class _AsyncSide(_AsyncLock):
+    _kind: str  # the side's class name (DistReadLock, DistWriteLock): the blocking side's
+
     @staticmethod
     def _me() -> Any:
         return task_ident()
+
+    def __repr__(self) -> str:
+        # the blocking side's repr reads a thread ident (an int) out of the owner
+        session = self._peek_session()
+        owner, count = None, 0
+        if session is not None:
+            for (key, holder), hold in list(session.holds.items()):
+                if key == self._hold_key and not hold.lost and ":task-" in holder:
+                    owner, count = holder.rsplit(":", 1)[1], hold.count
+                    break
+        return lock_repr(self, f"asyncio.{self._kind}", self._name, count > 0,
+                         f"owner={owner} count={count}")
 
 
 class DistReadLock(_AsyncSide, _rwlock.DistReadLock):  # type: ignore[misc]
@@ -109,6 +138,8 @@ class DistReadWriteLock(_rwlock.DistReadWriteLock):
     def __init__(self, name: str, *, client: Any = None, lease: Optional[float] = None) -> None:
         self._name = check_name(name)
         check_lease(lease)
+        if client is not None:  # before the sides' own checks, which name DistReadLock
+            check_async_client(client, "DistReadWriteLock")
         rw = RWKeys.of(settings().prefix, self._name)
         self._read = DistReadLock(self._name, rw, client=client, lease=lease)
         self._write = DistWriteLock(self._name, rw, client=client, lease=lease)
