@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import redis
 
@@ -28,7 +28,7 @@ log = logging.getLogger("distlock")
 class AsyncDispatcher(Board):
     """``Dispatcher`` for one event loop. ``opener()`` opens a new ``redis.asyncio`` PubSub."""
 
-    event = asyncio.Event
+    event = staticmethod(lambda: Flag())
 
     def __init__(self, opener: Callable[[], Any]) -> None:
         super().__init__()
@@ -140,12 +140,54 @@ class AsyncDispatcher(Board):
             task.cancel()
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> None:
+class Flag:
+    """``asyncio.Event``'s ``set``, ``clear`` and ``is_set``, and a wait with a time limit that
+    costs a future and a timer, not a task (``asyncio.wait_for`` makes one per call, and
+    waiters sleep often). Used only from its loop."""
+
+    __slots__ = ("_set", "_waiting")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiting: List[asyncio.Future[None]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        waiting, self._waiting = self._waiting, []
+        for fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self, timeout: float) -> None:
+        """Until set, at most ``timeout`` seconds."""
+        if self._set:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiting.append(fut)
+        timer = loop.call_later(timeout, _expire, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+            if fut in self._waiting:
+                self._waiting.remove(fut)
+
+
+def _expire(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _wait(event: Flag, timeout: float) -> None:
     """Wait for ``event`` at most ``timeout`` seconds."""
-    try:
-        await asyncio.wait_for(event.wait(), timeout)
-    except asyncio.TimeoutError:
-        pass
+    await event.wait(timeout)
 
 
 async def close_quietly(pubsub: Any) -> None:

@@ -12,7 +12,7 @@
 --          party, an action that raised), or nothing shows that it tripped: the state that
 --          recorded it is gone (the server lost its data, or every lease in it ran out before
 --          this party looked, its own included).
---@ uses bar_break bar_reap
+--@ uses bar_break bar_reap NOW
 local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a', 'o')
 if st[1] == ARGV[2] then
   if st[2] ~= '1' and bar_reap(st[1], ARGV[4]) then
