@@ -105,7 +105,9 @@ class AsyncPort:
         self._give = pool.release
         #: One connection kept out of the pool between scripts (see ``_send``), and when it
         #: was last used (loop time).
-        self._hot: Any = None
+        #: connections kept out of the pool between scripts (see ``_send``): at most one per
+        #: run slot, so the port never holds more than ``SCRIPT_CONCURRENCY`` of them
+        self._idle: List[Any] = []
         #: reads in flight (connection -> when it began, monotonic) and whether the overdue
         #: check is scheduled (see ``_send``)
         self._inflight: Dict[Any, float] = {}
@@ -180,15 +182,15 @@ class AsyncPort:
     async def _send(self, *args: Any) -> Any:
         """Send one command on the direct path; never retried.
 
-        The connection comes from the client's pool, but one is kept out of it between
-        scripts (the *hot* one) while scripts keep coming: redis-py's pool does a readiness
-        check, a lock and its event hooks on every take and give, which cost about as much as
-        the server's work on a small script. The hot connection goes back to the pool after
-        ``HOT_IDLE`` seconds unused, and is checked (the server closed it: a restart) before
-        each use, as the pool checks its own."""
+        The connections come from the client's pool, but those used are kept out of it between
+        scripts (the *hot* ones, at most one per run slot) while scripts keep coming: redis-py's
+        pool does a readiness check, a lock and its event hooks on every take and give, which
+        cost about as much as the server's work on a small script. They go back to the pool
+        after ``HOT_IDLE`` seconds unused, and each is checked (the server closed it: a
+        restart) before use, as the pool checks its own."""
         packed = self._pack(args)
-        conn = self._hot
-        self._hot = None
+        idle = self._idle
+        conn = idle.pop() if idle else None
         try:
             if conn is None:
                 conn = await self._bounded(self._take(), self._connect_bound)
@@ -248,29 +250,26 @@ class AsyncPort:
             self._checking = False
 
     def _keep(self, conn: Any) -> None:
-        """After a script: keep ``conn`` as the hot connection, or give it back."""
+        """After a script: keep ``conn`` out of the pool, for the next script."""
         loop = asyncio.get_running_loop()
         self._hot_used = loop.time()
-        if self._hot is None:
-            self._hot = conn
-            if not self._cooling:
-                self._cooling = True
-                loop.call_later(HOT_IDLE, _cool, weakref.ref(self))
-        else:
-            _spawn(self._give(conn))
+        self._idle.append(conn)
+        if not self._cooling:
+            self._cooling = True
+            loop.call_later(HOT_IDLE, _cool, weakref.ref(self))
 
     def _cool(self) -> None:
-        """Give the hot connection back once it has been idle ``HOT_IDLE`` seconds."""
+        """Give the hot connections back once they have been idle ``HOT_IDLE`` seconds."""
         loop = self.loop_ref()
         if loop is None or loop.is_closed():
             return
         idle = loop.time() - self._hot_used
-        if self._hot is not None and idle < HOT_IDLE:
+        if self._idle and idle < HOT_IDLE:
             loop.call_later(HOT_IDLE - idle, _cool, weakref.ref(self))
             return
         self._cooling = False
-        conn, self._hot = self._hot, None
-        if conn is not None:
+        conns, self._idle = self._idle, []
+        for conn in conns:
             _spawn(self._give(conn))
 
     async def read(self, *command: Any) -> Any:
