@@ -15,7 +15,7 @@ import concurrent.futures
 import inspect
 import itertools
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import redis
 import redis.asyncio as aredis
@@ -147,3 +147,28 @@ def async_twin_client(runner: AioRunner, client: Any, url: Optional[str]) -> Any
     if url is None or not isinstance(client, redis.Redis):
         raise RuntimeError("the asyncio shell needs a real server")
     return runner.client(url)
+
+
+def run_in_loop(url: str, body: Callable[[Any], Any], bound: float = 20.0,
+                client_name: Optional[str] = None) -> Any:
+    """Run ``body(aclient)`` in a fresh loop, at most ``bound`` seconds, with an asyncio
+    client of ``url`` (named ``client_name``); let distlock's reader tasks end, then close the
+    client, before the loop closes."""
+    async def main() -> Any:
+        kwargs = {} if client_name is None else {"client_name": client_name}
+        aclient = aredis.Redis.from_url(url, **kwargs)
+        try:
+            return await asyncio.wait_for(body(aclient), bound)
+        finally:
+            for _ in range(150):
+                if len(asyncio.all_tasks()) <= 1:
+                    break
+                await asyncio.sleep(0.02)
+            await aclient.aclose()
+    return asyncio.run(main())
+
+
+def keys(client: redis.Redis, name: str) -> List[str]:
+    """The keys of primitive ``name``, sorted."""
+    return sorted(k.decode() for k in client.keys(f"distlock:{{{name}}}*"))
+

@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
-import redis.asyncio as aredis
+from _aio import run_in_loop
 from _sync_workers import _ENTER  # INCR a gauge and raise its high-water mark, in one step
 
 import distlock
@@ -65,19 +65,7 @@ def make_sync(kind: str, name: str, client: Any, lease: Optional[float] = None) 
 
 
 def arun(url: str, body: Callable[[Any], Any], bound: float) -> Any:
-    """Run ``body(aclient)`` in a loop of its own, at most ``bound`` seconds; let distlock's
-    reader tasks end, then close the client, before the loop closes."""
-    async def main() -> Any:
-        aclient = aredis.Redis.from_url(url)
-        try:
-            return await asyncio.wait_for(body(aclient), bound)
-        finally:
-            for _ in range(150):
-                if len(asyncio.all_tasks()) <= 1:
-                    break
-                await asyncio.sleep(0.02)
-            await aclient.aclose()
-    return asyncio.run(main())
+    return run_in_loop(url, body, bound)
 
 
 async def _next_order(conn: Any, deadline: float) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, List
 import pytest
 import redis
 import redis.asyncio as aredis
+from _aio import keys, run_in_loop
 
 import distlock
 import distlock.asyncio as aio
@@ -33,24 +34,7 @@ def _name(prefix: str = "aio") -> str:
 
 
 def run(url: str, body: Any) -> Any:
-    """Run ``body(aclient)`` in a fresh loop; close the client and wait for distlock's reader
-    tasks to end before the loop does."""
-    async def main() -> Any:
-        aclient = aredis.Redis.from_url(url, client_name=f"aio-{uuid.uuid4().hex[:6]}")
-        try:
-            return await asyncio.wait_for(body(aclient), BOUND)
-        finally:
-            for _ in range(100):
-                if len(asyncio.all_tasks()) <= 1:
-                    break
-                await asyncio.sleep(0.02)
-            await aclient.aclose()
-    return asyncio.run(main())
-
-
-def keys(client: redis.Redis, name: str) -> List[str]:
-    return sorted(k.decode() for k in client.keys(f"distlock:{{{name}}}*"))
-
+    return run_in_loop(url, body, BOUND, f"aio-{uuid.uuid4().hex[:6]}")
 
 # --- awaitables -----------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aredis
 import test_event as _event_suite
 import test_semaphore as _sem_suite
-from _aio import SyncView
+from _aio import SyncView, keys, run_in_loop
 from _support import outcome
 
 import distlock
@@ -45,22 +45,7 @@ def _name(prefix: str = "aiop") -> str:
 
 
 def run(url: str, body: Callable[[Any], Awaitable[Any]], bound: float = BOUND) -> Any:
-    """Run ``body(aclient)`` in a fresh loop; let distlock's tasks end, then close the client."""
-    async def main() -> Any:
-        aclient = aredis.Redis.from_url(url, client_name=f"aiop-{uuid.uuid4().hex[:6]}")
-        try:
-            return await asyncio.wait_for(body(aclient), bound)
-        finally:
-            for _ in range(150):
-                if len(asyncio.all_tasks()) <= 1:
-                    break
-                await asyncio.sleep(0.02)
-            await aclient.aclose()
-    return asyncio.run(main())
-
-
-def keys(client: redis.Redis, name: str) -> List[str]:
-    return sorted(k.decode() for k in client.keys(f"distlock:{{{name}}}*"))
+    return run_in_loop(url, body, bound, f"aiop-{uuid.uuid4().hex[:6]}")
 
 
 async def until(check: Callable[[], Awaitable[Any]], bound: float = BOUND,
