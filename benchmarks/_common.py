@@ -793,3 +793,37 @@ def bench_main(argv: Optional[List[str]], *, doc: Optional[str], title: str,
     if args.json:
         write_json(args.json, meta, rows)
     return 0
+
+
+def contended_rows(results: Mapping[str, Dict[str, Any]], labels: Sequence[str], ours: Sequence[str],
+                   figure: str, reference: str) -> Tuple[List[Row], List[Row]]:
+    """The rows of ``contended_throughput``'s ``results``, in the order of ``labels``: ops/s
+    (with the ratio to ``reference`` per round, and the target for ``ours``) and lost updates."""
+    per_round = {label: res["per_round_ops"] for label, res in results.items()}
+    vs_ref = per_round_ratios(per_round, reference) if reference in per_round else {}
+    ops: List[Row] = []
+    lost: List[Row] = []
+    for label in labels:
+        res = results[label]
+        vs = None
+        note = ""
+        if vs_ref:
+            ratios = vs_ref[label]
+            vs = median(ratios)
+            res["per_round_vs_redis_py"] = ratios
+            note = (f"ratio to redis-py per round: IQR {percentile(ratios, 25):.2f}-"
+                    f"{percentile(ratios, 75):.2f}; ")
+            if label in ours:
+                note = f"target >= redis-py: {'met' if vs >= 1.0 else 'MISSED'}; " + note
+        note += (f"median of {len(res['per_round_ops'])} rounds; {res['increments']} increments, "
+                 f"per process {res['per_worker']}, {res['scripts_per_op']:.1f} EVALSHA/op")
+        if "commands_per_op" in res:
+            note += f", {res['commands_per_op']:.1f} commands/op"
+        if res["timeouts"] or res["release_errors"]:
+            note += f", {res['timeouts']} failed acquires, {res['release_errors']} release errors"
+        ops.append(Row(figure, label, res["ops_per_s"], "ops/s", None, vs, note, res))
+        lost.append(Row("contended lost updates", label, float(res["lost"]), "updates",
+                        note=f"target 0: {'met' if res['lost'] == 0 else 'MISSED'}; final counters "
+                             f"{res['final']} of {res['increments']}"))
+    return ops, lost
+

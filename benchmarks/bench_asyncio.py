@@ -628,30 +628,8 @@ def contended(ctx: Ctx) -> List[C.Row]:
             {impl.label: ((impl.factory, k.contended_tasks), f"bench:async:contended:{impl.key}",
                           f"bench:async:counter:{impl.key}") for impl in chosen},
             procs=k.contended_procs, seconds=k.contended_s, rounds=k.contended_rounds)
-    per_round = {label: res["per_round_ops"] for label, res in results.items()}
-    vs_redis = C.per_round_ratios(per_round, REDIS_PY) if REDIS_PY in per_round else {}
-    out: List[C.Row] = []
-    lost: List[C.Row] = []
-    for impl in chosen:
-        res = results[impl.label]
-        vs = None
-        note = ""
-        if vs_redis:
-            ratios = vs_redis[impl.label]
-            vs = C.median(ratios)
-            res["per_round_vs_redis_py"] = ratios
-            note = f"ratio to redis-py per round: IQR {_iqr(ratios)}; "
-            if impl.ours:
-                note = f"target >= redis-py: {_verdict(vs >= 1.0)}; " + note
-        note += (f"median of {len(res['per_round_ops'])} rounds; {res['increments']} increments, "
-                 f"per process {res['per_worker']}, {res['scripts_per_op']:.1f} EVALSHA/op, "
-                 f"{res['commands_per_op']:.1f} commands/op")
-        if res["timeouts"] or res["release_errors"]:
-            note += f", {res['timeouts']} failed acquires, {res['release_errors']} release errors"
-        out.append(C.Row(figure, impl.label, res["ops_per_s"], "ops/s", None, vs, note, res))
-        lost.append(C.Row("contended lost updates", impl.label, float(res["lost"]), "updates",
-                          note=f"target 0: {_verdict(res['lost'] == 0)}; final counters "
-                               f"{res['final']} of {res['increments']}"))
+    out, lost = C.contended_rows(results, [impl.label for impl in chosen],
+                                 [impl.label for impl in chosen if impl.ours], figure, REDIS_PY)
     return out + rows + lost
 
 

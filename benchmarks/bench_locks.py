@@ -226,30 +226,9 @@ def contended(ctx: Ctx) -> List[C.Row]:
         {impl.label: (impl.factory, f"bench:contended:{impl.key}", f"bench:counter:{impl.key}")
          for impl in chosen},
         procs=k.contended_procs, seconds=k.contended_s, rounds=k.contended_rounds)
-    per_round = {label: res["per_round_ops"] for label, res in results.items()}
-    vs_redis = C.per_round_ratios(per_round, REDIS_PY) if REDIS_PY in per_round else {}
-    rows: List[C.Row] = []
-    for impl in chosen:
-        res = results[impl.label]
-        vs = None
-        note = ""
-        if vs_redis:
-            ratios = vs_redis[impl.label]
-            vs = C.median(ratios)
-            res["per_round_vs_redis_py"] = ratios
-            note = (f"ratio to redis-py per round {C.percentile(ratios, 25):.2f}-"
-                    f"{C.percentile(ratios, 75):.2f} (IQR); ")
-            if impl.label in ("DistLock", "DistRLock"):
-                note = f"target >= redis-py: {'met' if vs >= 1.0 else 'MISSED'}; " + note
-        note += (f"median of {len(res['per_round_ops'])} rounds; {res['increments']} increments, "
-                 f"final counters {res['final']}, per process {res['per_worker']}, "
-                 f"{res['scripts_per_op']:.1f} EVALSHA/op")
-        if res["timeouts"] or res["release_errors"]:
-            note += f", {res['timeouts']} acquire timeouts, {res['release_errors']} release errors"
-        rows.append(C.Row("contended ops/s", impl.label, res["ops_per_s"], "ops/s", None, vs,
-                          note, res))
-        rows.append(C.Row("contended lost updates", impl.label, float(res["lost"]), "updates",
-                          note="target 0: " + ("met" if res["lost"] == 0 else "MISSED")))
+    ops, lost = C.contended_rows(results, [impl.label for impl in chosen], ("DistLock", "DistRLock"),
+                                 "contended ops/s", REDIS_PY)
+    rows = [row for pair in zip(ops, lost) for row in pair]
     return rows
 
 
