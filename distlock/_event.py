@@ -43,7 +43,7 @@ class DistEvent(SessionUser):
     **What stays in Redis.** An Event is state: a set event stays set, in Redis, for good,
     until ``clear()``; a clear event leaves nothing (waiters keep a short-lived entry while
     they wait). A waiter that could not reach Redis for longer than its entry's lease
-    (``2 * wait_cap * queue_cap_factor + 1`` s, 41 s by default) may miss a ``set()`` that was
+    (``2 * wait_cap * queue_cap_factor + 1`` s, 61 s by default) may miss a ``set()`` that was
     cleared again before it came back; an event that stays set is never missed.
 
     ``client``: a ``redis.Redis`` or a URL; by default, see ``configure``.
