@@ -3,7 +3,8 @@ client, for every channel that loop's tasks wait on.
 
 The bookkeeping (channels, waiters, the head of each queue, hints that name waiters, idle
 channels) is ``_pubsub.Board``, shared with the threads' ``Dispatcher``; only the I/O differs:
-SUBSCRIBE is awaited, a waiter sleeps on an ``asyncio.Event``, and a task reads the connection.
+SUBSCRIBE is awaited, a waiter sleeps on a ``Flag`` (a future and a timer), and a task reads the
+connection.
 The task starts with the first waiter and ends, closing its connection, once no channel is left
 (``UNSUBSCRIBE_AFTER`` after the last waiter left), or when its loop cancels it at shutdown.
 """
@@ -43,8 +44,7 @@ class AsyncDispatcher(Board):
             self._io = asyncio.Lock()
         with self.mutex:
             if self.task is None and not self.closed:
-                self._pubsub = self._opener()
-                self._reset_channels()
+                self._connect_locked()
                 self.task = asyncio.ensure_future(self._loop())
             waiter, pubsub = self._enqueue(channel_name, ident)
         try:
@@ -57,7 +57,7 @@ class AsyncDispatcher(Board):
                     log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
             if bound is None or bound > 0:
                 cap = settings().wait_cap
-                await _wait(waiter.channel.confirmed, cap if bound is None else min(bound, cap))
+                await waiter.channel.confirmed.wait(cap if bound is None else min(bound, cap))
         except BaseException:
             self.leave(waiter, False)  # cancelled before the caller had the waiter
             raise
@@ -70,7 +70,7 @@ class AsyncDispatcher(Board):
             left = self._bound(waiter, head_bound, limit) - (time.monotonic() - started)
             if left <= 0:
                 break
-            await _wait(waiter.event, left)
+            await waiter.event.wait(left)
             waiter.event.clear()  # a promotion (the head left) only re-reads the bound
         return self._take_hint(waiter)
 
@@ -122,15 +122,11 @@ class AsyncDispatcher(Board):
     def _reader_gone(self) -> None:
         self.task = None
 
+    def _open(self) -> Any:
+        return self._opener()
+
     async def _on_broken(self, exc: BaseException) -> None:
-        """``Dispatcher._on_broken``: a fresh connection, which subscribes again."""
-        log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
-        with self.mutex:
-            old = self._pubsub
-            self._pubsub = self._opener()
-            self._reset_channels()
-            self.reconnects += 1
-        await close_quietly(old)
+        await close_quietly(self._broken(exc))
 
     def close(self) -> None:
         """Stop the reader task (from its loop)."""
@@ -183,11 +179,6 @@ class Flag:
 def _expire(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
-
-
-async def _wait(event: Flag, timeout: float) -> None:
-    """Wait for ``event`` at most ``timeout`` seconds."""
-    await event.wait(timeout)
 
 
 async def close_quietly(pubsub: Any) -> None:

@@ -32,16 +32,15 @@ import weakref
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import redis
-import redis.asyncio as aredis
 from redis.asyncio import connection as aconnection
 
 from ._apubsub import AsyncDispatcher
 from ._clients import DEFAULT_IO_TIMEOUT
-from ._executor import SCRIPT_CONCURRENCY, located, packer, taker
+from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, located, packer, taker
 from ._pubsub import Waiter
 from ._session import Session, session_for
 
-__all__ = ["AsyncPort", "port_for"]
+__all__ = ["AsyncPort", "port_for", "live_ports", "sync_twin"]
 
 #: ``asyncio.timeout`` (Python 3.11+)
 _timeout: Any = getattr(asyncio, "timeout", None)
@@ -58,7 +57,6 @@ def _spawn(coro: Any) -> None:
     _giving.add(task)
     task.add_done_callback(_giving.discard)
 
-_NOSCRIPT_TRIES = 3
 
 #: asyncio connection classes and their blocking twins
 _TWINS = {
@@ -103,11 +101,12 @@ class AsyncPort:
         pool = client.connection_pool
         self._take = taker(pool)
         self._give = pool.release
-        #: One connection kept out of the pool between scripts (see ``_send``), and when it
-        #: was last used (loop time).
         #: connections kept out of the pool between scripts (see ``_send``): at most one per
-        #: run slot, so the port never holds more than ``SCRIPT_CONCURRENCY`` of them
+        #: run slot, so the port never holds more than ``SCRIPT_CONCURRENCY`` of them; when
+        #: one was last used (loop time), and whether the timer that gives them back is set
         self._idle: List[Any] = []
+        self._hot_used = 0.0
+        self._cooling = False
         #: reads in flight (connection -> when it began, monotonic) and whether the overdue
         #: check is scheduled (see ``_send``)
         self._inflight: Dict[Any, float] = {}
@@ -118,12 +117,9 @@ class AsyncPort:
         self._io_bound: Optional[float] = None
         if kwargs.get("socket_timeout") is None:
             self._io_bound = DEFAULT_IO_TIMEOUT
-        #: ... for a connection (no ``socket_connect_timeout``, nor ``socket_timeout``)
+        #: ... for a connection: the same (redis-py bounds a connect by ``socket_timeout``
+        #: when there is no ``socket_connect_timeout``)
         self._connect_bound = self._io_bound
-        if kwargs.get("socket_connect_timeout") is None and self._connect_bound is None:
-            self._connect_bound = DEFAULT_IO_TIMEOUT if kwargs.get("socket_timeout") is None else None
-        self._hot_used = 0.0
-        self._cooling = False
         self._pack = packer(pool.get_encoder())
         self._scripts = self.core.executor.scripts
         #: run slots (see ``run``): how many are free, and the tasks waiting for one
@@ -144,7 +140,7 @@ class AsyncPort:
         else:
             await self._gate_wait()
         try:
-            for _ in range(_NOSCRIPT_TRIES):
+            for _ in range(NOSCRIPT_TRIES):
                 try:
                     return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
                 except redis.exceptions.NoScriptError:
@@ -345,6 +341,3 @@ def live_ports() -> Dict[int, List[AsyncPort]]:
     """For tests: the ports alive, per client id."""
     return {id(client): list(ports) for client, ports in list(_ports.items())}
 
-
-__all__ += ["live_ports", "sync_twin"]
-_ = aredis  # the asyncio client class, imported so that is_async_client can see it

@@ -41,15 +41,15 @@ from ._clients import renewer
 from ._config import settings
 from ._scripts import locate, script_names, script_source
 
-__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "executor_for", "sender", "packer", "taker",
-           "located"]
+__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "executor_for", "sender", "packer",
+           "taker", "located"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
 #: plus the pub/sub and watchdog ones).
 SCRIPT_CONCURRENCY = 4
 
 #: How many times ``run`` loads a script again after NOSCRIPT before it gives up.
-_NOSCRIPT_TRIES = 3
+NOSCRIPT_TRIES = 3
 
 
 def executor_for(client: Any, real: Any = None) -> Executor:
@@ -92,7 +92,7 @@ class Executor:
         except IndexError:
             self._gate_wait()
         try:
-            for _ in range(_NOSCRIPT_TRIES):
+            for _ in range(NOSCRIPT_TRIES):
                 try:
                     return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
                 except redis.exceptions.NoScriptError:

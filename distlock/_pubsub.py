@@ -157,6 +157,29 @@ class Board:
         with self.mutex:
             return [c.name for c in self.channels.values() if c.confirmed.is_set()]
 
+    def _open(self) -> Any:
+        """A new pub/sub connection (redis-py's PubSub, blocking or asyncio)."""
+        raise NotImplementedError
+
+    def _connect_locked(self) -> None:
+        """Open a new pub/sub connection, on which every channel must be subscribed again
+        (holds the mutex)."""
+        self._pubsub = self._open()
+        self._reset_channels()
+
+    def _broken(self, exc: BaseException) -> Any:
+        """The pub/sub connection failed: start over on a fresh one, which subscribes again;
+        return the old one, to close. Waiters are woken when the server confirms that
+        re-subscription (see ``_handle``), not now: a try now would most likely meet the same
+        broken server and raise ConnectionError; meanwhile each sleeps no longer than its
+        bound."""
+        log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
+        with self.mutex:
+            old = self._pubsub
+            self._connect_locked()
+            self.reconnects += 1
+        return old
+
     def _reset_channels(self) -> None:
         """A new pub/sub connection: every channel must be subscribed again (holds the mutex)."""
         for chan in self.channels.values():
@@ -303,9 +326,8 @@ class Dispatcher(Board):
 
     # --- the thread ---------------------------------------------------------------------------
 
-    def _connect_locked(self) -> None:
-        self._pubsub = self._executor().pubsub()
-        self._reset_channels()
+    def _open(self) -> Any:
+        return self._executor().pubsub()
 
     def _loop(self) -> None:
         backoff = 0.05
@@ -352,16 +374,7 @@ class Dispatcher(Board):
         self._thread = None
 
     def _on_broken(self, exc: BaseException) -> None:
-        """The pub/sub connection failed: start over on a fresh connection, which subscribes
-        again. Waiters are woken when the server confirms that re-subscription (see
-        ``_handle``), not now: a try now would most likely meet the same broken server and
-        raise ConnectionError; meanwhile each sleeps no longer than its bound."""
-        log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
-        with self.mutex:
-            old = self._pubsub
-            self._connect_locked()
-            self.reconnects += 1
-        _close_quietly(old)
+        _close_quietly(self._broken(exc))
 
     def close(self, join: bool) -> None:
         """Stop the thread (``join``: and wait for it) and close the connection."""
