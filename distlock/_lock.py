@@ -61,6 +61,8 @@ class _LockBase(SessionUser):
 
     _reentrant = "0"
     _unowned_message = "release unlocked lock"
+    #: what a repr puts before the class name (the asyncio shell: ``asyncio.``)
+    _repr_prefix = ""
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
         self._name = check_name(name)
@@ -487,7 +489,7 @@ class DistLock(_LockBase):
     def __repr__(self) -> str:
         session = self._peek_session()
         held = session is not None and self._current(session) is not None
-        return lock_repr(self, "DistLock", self._name, held)
+        return lock_repr(self, f"{self._repr_prefix}DistLock", self._name, held)
 
 
 class _ThreadOwned(_LockBase):
@@ -550,6 +552,30 @@ class _ThreadOwned(_LockBase):
         """Who owns a hold: the calling thread (the asyncio shell: the current task)."""
         return threading.get_ident()
 
+    #: the class name in a repr
+    _kind = ""
+    #: the owner a repr shows when nobody of this shell holds it
+    _nobody: Any = 0
+
+    @staticmethod
+    def _owner_label(ident: str) -> Any:
+        """The owner a repr shows for a holder id's last part, or None when it is not one of
+        this shell's owners (a thread ident here; a task's in the asyncio shell)."""
+        return int(ident) if ident.isdigit() else None
+
+    def __repr__(self) -> str:
+        session = self._peek_session()
+        owner, count = self._nobody, 0
+        if session is not None:
+            for (key, holder), hold in list(session.holds.items()):
+                if key == self._hold_key and not hold.lost:
+                    label = self._owner_label(holder.rsplit(":", 1)[1])
+                    if label is not None:
+                        owner, count = label, hold.count
+                        break
+        return lock_repr(self, f"{self._repr_prefix}{self._kind}", self._name, count > 0,
+                         f"owner={owner} count={count}")
+
     def _owner_for(self, session: Session) -> str:
         return f"{session.id}:{self._me()}"
 
@@ -574,18 +600,7 @@ class DistRLock(_ThreadOwned):
 
     _metric_kind = "rlock"
 
-    def __repr__(self) -> str:
-        session = self._peek_session()
-        owner, count = 0, 0
-        if session is not None:
-            for (key, holder), hold in list(session.holds.items()):
-                if key == self._keys.lock and not hold.lost:
-                    ident = holder.rsplit(":", 1)[1]
-                    if not ident.isdigit():
-                        continue  # a task's hold (distlock.asyncio), not a thread's
-                    owner, count = int(ident), hold.count
-                    break
-        return lock_repr(self, "DistRLock", self._name, count > 0, f"owner={owner} count={count}")
+    _kind = "DistRLock"
 
 
 # --- for the modules built on the locks (the condition, the command line) ---------------------

@@ -30,7 +30,7 @@ from ._config import ClientArg, settings
 from ._engine import Waiting
 from ._flow import READ, RUN, Flow
 from ._lock import _ThreadOwned
-from ._logic import check_lease, check_name, lock_repr
+from ._logic import check_lease, check_name
 from ._outcomes import Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
 from ._rwlogic import (
@@ -115,19 +115,6 @@ class _RWSide(_ThreadOwned):
         ``queue_ms``: a writer refused queues itself for that long (0: it does not, and leaves
         the queue if ``queued``, i.e. it may be in it from an earlier try)."""
         raise NotImplementedError
-
-    def __repr__(self) -> str:
-        session = self._peek_session()
-        owner, count = 0, 0
-        if session is not None:
-            for (key, holder), hold in list(session.holds.items()):
-                if key == self._hold_key and not hold.lost:
-                    ident = holder.rsplit(":", 1)[1]
-                    if not ident.isdigit():
-                        continue  # a task's hold (distlock.asyncio), not a thread's
-                    owner, count = int(ident), hold.count
-                    break
-        return lock_repr(self, self._kind, self._name, count > 0, f"owner={owner} count={count}")
 
 
 def _renew_reader(fence: str, batch: Any, hold: Hold, ms: int) -> None:

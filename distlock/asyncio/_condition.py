@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, TypeVar
 from .. import _condition, _lock, _rwlock
 from .._config import check_async_client, settings
 from .._flow import Query, Started
-from .._logic import check_lease, check_name, lock_repr
+from .._logic import check_lease, check_name
 from .._rwlogic import RWKeys
 from ._lock import DistLock, DistRLock, _AsyncLock
 from ._shell import AsyncShell, task_ident
@@ -102,23 +102,9 @@ class DistCondition(AsyncShell, _condition.DistCondition):
 
 
 class _AsyncSide(_AsyncLock):
-    _kind: str  # the side's class name (DistReadLock, DistWriteLock): the blocking side's
-
     @staticmethod
     def _me() -> Any:
         return task_ident()
-
-    def __repr__(self) -> str:
-        # the blocking side's repr reads a thread ident (an int) out of the owner
-        session = self._peek_session()
-        owner, count = None, 0
-        if session is not None:
-            for (key, holder), hold in list(session.holds.items()):
-                if key == self._hold_key and not hold.lost and ":task-" in holder:
-                    owner, count = holder.rsplit(":", 1)[1], hold.count
-                    break
-        return lock_repr(self, f"asyncio.{self._kind}", self._name, count > 0,
-                         f"owner={owner} count={count}")
 
 
 class DistReadLock(_AsyncSide, _rwlock.DistReadLock):  # type: ignore[misc]

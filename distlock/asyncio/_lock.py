@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from .. import _lock
 from .._flow import Query, Started, adrive
-from .._logic import check_acquire_args, lock_repr
+from .._logic import check_acquire_args
 from ._shell import AsyncShell, task_ident
 
 __all__ = ["DistLock", "DistRLock"]
@@ -20,6 +20,14 @@ __all__ = ["DistLock", "DistRLock"]
 
 class _AsyncLock(AsyncShell, _lock._LockBase):
     """The asyncio surface both locks share."""
+
+    _repr_prefix = "asyncio."
+    _nobody = None
+
+    @staticmethod
+    def _owner_label(ident: str) -> Any:
+        """A repr shows the owning task (``task-<n>``); a thread's hold is not this shell's."""
+        return ident if ident.startswith("task-") else None
 
     async def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:  # type: ignore[override]
         """Acquire the lock: the blocking class' ``acquire``, awaited (same arguments, checks,
@@ -75,11 +83,6 @@ class DistLock(_AsyncLock, _lock.DistLock):  # type: ignore[misc]
     lock as ``distlock.DistLock`` of that name. Any task may release it. Arguments: as the
     blocking class, with ``client`` a ``redis.asyncio.Redis`` or a URL."""
 
-    def __repr__(self) -> str:
-        session = self._peek_session()
-        held = session is not None and self._current(session) is not None
-        return lock_repr(self, "asyncio.DistLock", self._name, held)
-
 
 class DistRLock(_AsyncLock, _lock.DistRLock):  # type: ignore[misc]
     """A task-reentrant lock shared by every process and host that names it on one Redis: the
@@ -97,13 +100,3 @@ class DistRLock(_AsyncLock, _lock.DistRLock):  # type: ignore[misc]
 
     def _release_save(self) -> Any:
         raise TypeError("distlock.asyncio.DistRLock is awaited: use distlock.asyncio.DistCondition")
-
-    def __repr__(self) -> str:
-        session = self._peek_session()
-        owner, count = None, 0
-        if session is not None:
-            for (key, holder), hold in list(session.holds.items()):
-                if key == self._keys.lock and not hold.lost and ":task-" in holder:
-                    owner, count = holder.rsplit(":", 1)[1], hold.count
-                    break
-        return lock_repr(self, "asyncio.DistRLock", self._name, count > 0, f"owner={owner} count={count}")
