@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import redis
 from _aio import run_in_loop
 from _sync_workers import _ENTER  # INCR a gauge and raise its high-water mark, in one step
+from faults import _PermitAsLock
 
 import distlock
 import distlock.asyncio as aio
@@ -34,27 +35,10 @@ def configure(settings: Optional[Dict[str, float]]) -> None:
         distlock.configure(**settings)  # type: ignore[arg-type]
 
 
-class _Permit:
-    """An asyncio DistSemaphore (value 1) seen as a lock: ``acquire``, ``release``,
-    ``owned()``, ``on_lost``; ``token`` is None (a semaphore has no fencing token)."""
-
-    token = None
-
-    def __init__(self, sem: Any) -> None:
-        self.sem = sem
-        self.acquire = sem.acquire
-        self.release = sem.release
-        self.on_lost = sem.on_lost
-
-    def owned(self) -> bool:
-        holds = self.sem._session().holds
-        return any(key == self.sem._keys.sem and not hold.lost for (key, _owner), hold in list(holds.items()))
-
-
 def make_async(kind: str, name: str, client: Any, lease: Optional[float] = None) -> Any:
     """A ``distlock.asyncio`` lock of ``kind`` (a semaphore of value 1 for "DistSemaphore")."""
     if kind == "DistSemaphore":
-        return _Permit(aio.DistSemaphore(name, 1, client=client, lease=lease))
+        return _PermitAsLock(aio.DistSemaphore(name, 1, client=client, lease=lease))
     return getattr(aio, kind)(name, client=client, lease=lease)
 
 
