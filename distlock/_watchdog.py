@@ -195,11 +195,15 @@ class Watchdog:
             self._drop_renewer()
 
     def _run(self) -> None:
-        renew_at = time.monotonic() + settings().renew_interval
+        last_round = time.monotonic()
+        retry_after: Optional[float] = None
         idle_since: Optional[float] = None
         while not self.closed:
             # Every step is inside the ``try``: nothing may stop the watchdog.
             try:
+                # Read the interval afresh each time: configure() may have shortened it (and
+                # the lease with it) since the last round.
+                renew_at = last_round + (retry_after if retry_after is not None else settings().renew_interval)
                 now = time.monotonic()
                 with self.mutex:
                     if self._idle_locked():
@@ -226,8 +230,7 @@ class Watchdog:
                 log.exception("distlock: watchdog error; retrying")
                 retry_after = min(1.0, settings().renew_interval)
                 time.sleep(min(TICK, retry_after))  # never a hot loop
-            renew_at = time.monotonic() + (
-                retry_after if retry_after is not None else settings().renew_interval)
+            last_round = time.monotonic()
 
     def _give_back(self, holds: Iterable[Hold], why: str) -> None:
         for hold in holds:

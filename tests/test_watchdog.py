@@ -59,3 +59,20 @@ def test_a_deferred_task_that_raises_anything_does_not_stop_the_watchdog(
         assert lock.owned()
         assert client.exists("distlock:{wd-deferred}")
         assert session.watchdog.running
+
+
+@pytest.mark.real_redis
+def test_configure_shortening_the_lease_applies_to_a_running_watchdog(client: Any) -> None:
+    """The watchdog reads the renew interval afresh: a hold taken after configure() shortened
+    the lease is renewed in time, even though the thread last slept on the old interval."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    warm = DistLock("wd-warm", client=client)
+    with warm:  # the watchdog thread is running, on the 10 s interval
+        distlock.configure(lease=1.0, renew_interval=0.2)
+        lock = DistLock("wd-short", client=client)
+        lost: List[Any] = []
+        lock.on_lost(lost.append)
+        with lock:
+            time.sleep(2.5)  # two and a half of the new leases: only renewals keep it
+            assert lock.owned() and not lost
+        assert not lost
