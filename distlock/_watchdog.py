@@ -203,7 +203,8 @@ class Watchdog:
             try:
                 # Read the interval afresh each time: configure() may have shortened it (and
                 # the lease with it) since the last round.
-                renew_at = last_round + (retry_after if retry_after is not None else settings().renew_interval)
+                interval = retry_after if retry_after is not None else settings().renew_interval
+                renew_at = last_round + interval
                 now = time.monotonic()
                 with self.mutex:
                     if self._idle_locked():
