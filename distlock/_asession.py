@@ -95,9 +95,37 @@ class AsyncPort:
 
     def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
         self.loop_ref = weakref.ref(loop)
-        self.twin = sync_twin(client)
+        self.twin = self._make_twin(client)
         self.core: Session = session_for(self.twin)
         self.id = self.core.id
+        #: reads in flight (connection -> when it began, monotonic) and whether the overdue
+        #: check is scheduled (see ``_exchange``)
+        self._inflight: Dict[Any, float] = {}
+        self._checking = False
+        #: the bound of every wait for the server, when the client sets none (see ``_bounded``)
+        kwargs = self._connection_kwargs(client)
+        #: ... for an answer (the client has no ``socket_timeout``)
+        self._io_bound: Optional[float] = None
+        if kwargs.get("socket_timeout") is None:
+            self._io_bound = DEFAULT_IO_TIMEOUT
+        #: ... for a connection: the same (redis-py bounds a connect by ``socket_timeout``
+        #: when there is no ``socket_connect_timeout``)
+        self._connect_bound = self._io_bound
+        self._scripts = self.core.executor.scripts
+        #: run slots (see ``run``): how many are free, and the tasks waiting for one
+        self._free = SCRIPT_CONCURRENCY
+        self._gate_waiters: Deque[asyncio.Future[None]] = collections.deque()
+        self._client = weakref.proxy(client)
+        self._attach(client)
+
+    def _make_twin(self, client: Any) -> Any:
+        return sync_twin(client)
+
+    def _connection_kwargs(self, client: Any) -> Dict[str, Any]:
+        return client.connection_pool.connection_kwargs  # type: ignore[no-any-return]
+
+    def _attach(self, client: Any) -> None:
+        """The pool, the packer and the dispatcher of a client of one server."""
         pool = client.connection_pool
         self._take = taker(pool)
         self._give = pool.release
@@ -107,27 +135,10 @@ class AsyncPort:
         self._idle: List[Any] = []
         self._hot_used = 0.0
         self._cooling = False
-        #: reads in flight (connection -> when it began, monotonic) and whether the overdue
-        #: check is scheduled (see ``_send``)
-        self._inflight: Dict[Any, float] = {}
-        self._checking = False
-        #: the bound of every wait for the server, when the client sets none (see ``_bounded``)
-        kwargs = pool.connection_kwargs
-        #: ... for an answer (the client has no ``socket_timeout``)
-        self._io_bound: Optional[float] = None
-        if kwargs.get("socket_timeout") is None:
-            self._io_bound = DEFAULT_IO_TIMEOUT
-        #: ... for a connection: the same (redis-py bounds a connect by ``socket_timeout``
-        #: when there is no ``socket_connect_timeout``)
-        self._connect_bound = self._io_bound
         self._pack = packer(pool.get_encoder())
-        self._scripts = self.core.executor.scripts
-        #: run slots (see ``run``): how many are free, and the tasks waiting for one
-        self._free = SCRIPT_CONCURRENCY
-        self._gate_waiters: Deque[asyncio.Future[None]] = collections.deque()
-        self._client = weakref.proxy(client)
         proxy = self._client  # never a bound method of the client: that would keep it alive
-        self.dispatcher = AsyncDispatcher(lambda: proxy.pubsub())
+        #: an ``AsyncDispatcher`` (on a cluster, an ``AsyncClusterDispatcher``: the same methods)
+        self.dispatcher: AsyncDispatcher = AsyncDispatcher(lambda: proxy.pubsub())
 
     # --- the ops --------------------------------------------------------------------------------
 
@@ -140,18 +151,22 @@ class AsyncPort:
         else:
             await self._gate_wait()
         try:
-            for _ in range(NOSCRIPT_TRIES):
-                try:
-                    return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
-                except redis.exceptions.NoScriptError:
-                    await self._send("SCRIPT", "LOAD", script.script)
-            return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await self._script(script, keys, args)
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
         finally:
             self._free += 1
             if self._gate_waiters:
                 self._wake_next()
+
+    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+        """Send one script once (a topology's port routes it)."""
+        for _ in range(NOSCRIPT_TRIES):
+            try:
+                return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                await self._send("SCRIPT", "LOAD", script.script)
+        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def _gate_wait(self) -> None:
         """Wait for one of the ``SCRIPT_CONCURRENCY`` run slots (all are in flight), in turn."""
@@ -200,6 +215,21 @@ class AsyncPort:
             if conn is not None:
                 await self._give(conn)
             raise
+        try:
+            reply = await self._exchange(conn, packed)
+        except redis.exceptions.ResponseError:
+            self._keep(conn)  # the whole reply was read: the connection is clean
+            raise
+        except BaseException:
+            await self._give(conn)
+            raise
+        self._keep(conn)
+        return reply
+
+    async def _exchange(self, conn: Any, packed: Any) -> Any:
+        """Send ``packed`` on ``conn`` and read the reply, bounded (see ``_bounded``). Any
+        failure but a Redis error reply leaves ``conn`` disconnected: a reply may be left
+        half-read (a cancellation, a timeout), so it is never reused as it is."""
         inflight = self._inflight
         try:
             if self._io_bound is not None:
@@ -210,23 +240,18 @@ class AsyncPort:
                     self._checking = True
                     asyncio.get_running_loop().call_later(self._io_bound / 4, _overdue, weakref.ref(self))
             await conn.send_packed_command(packed)
-            reply = await conn.read_response()
+            return await conn.read_response()
         except redis.exceptions.ResponseError:
-            self._keep(conn)  # the whole reply was read: the connection is clean
             raise
         except BaseException as exc:
-            # a reply may be left half-read (a cancellation, a timeout): never reuse it
             overdue = self._io_bound is not None and conn not in inflight
             await conn.disconnect(nowait=True)
-            await self._give(conn)
             if overdue and isinstance(exc, redis.exceptions.ConnectionError):
                 raise redis.exceptions.TimeoutError(
                     f"no answer from the server within {self._io_bound} s") from None
             raise
         finally:
             inflight.pop(conn, None)
-        self._keep(conn)
-        return reply
 
     def _check_overdue(self) -> None:
         """The overdue check: close the connection of every read that has waited longer than
@@ -332,9 +357,18 @@ def port_for(client: Any) -> AsyncPort:
         if port.loop_ref() is loop and port.live:
             return port
     ports[:] = [p for p in ports if p.loop_ref() is not None and not p.loop_ref().is_closed() and p.live]  # type: ignore[union-attr]
-    port = AsyncPort(client, loop)
-    ports.append(port)
-    return port
+    made: AsyncPort = _port_class(client)(client, loop)
+    ports.append(made)
+    return made
+
+
+def _port_class(client: Any) -> Any:
+    import redis.asyncio as aredis
+
+    if isinstance(client, aredis.RedisCluster):
+        from ._asession_cluster import AsyncClusterPort
+        return AsyncClusterPort
+    return AsyncPort
 
 
 def live_ports() -> Dict[int, List[AsyncPort]]:

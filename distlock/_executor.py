@@ -58,6 +58,9 @@ def executor_for(client: Any, real: Any = None) -> Executor:
     Every client is a standalone one so far (a plain client, a Sentinel client: its pool
     follows the master). The topologies still to come (Cluster, a Redlock list, asyncio
     clients) are told apart here, and nowhere else."""
+    from ._executor_cluster import ClusterExecutor, is_cluster
+    if is_cluster(client if real is None else real):
+        return ClusterExecutor(client, real)
     return Executor(client, real)
 
 
@@ -92,13 +95,7 @@ class Executor:
         except IndexError:
             self._gate_wait()
         try:
-            for _ in range(NOSCRIPT_TRIES):
-                try:
-                    return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
-                except redis.exceptions.NoScriptError:
-                    # Another SCRIPT FLUSH may land between the load and the run: try again.
-                    script.sha = self.client.script_load(script.script)
-            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            return self._send(name, script, keys, args)
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
         finally:
@@ -106,6 +103,16 @@ class Executor:
             if self._gate_waiting:
                 with self._gate_cond:
                     self._gate_cond.notify()
+
+    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+        """Send one script once (see the module's docstring); a topology's executor routes it."""
+        for _ in range(NOSCRIPT_TRIES):
+            try:
+                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                # Another SCRIPT FLUSH may land between the load and the run: try again.
+                script.sha = self.client.script_load(script.script)
+        return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
 
     def _gate_wait(self) -> None:
         """Block until a run slot is free (all ``SCRIPT_CONCURRENCY`` are in flight).
@@ -154,6 +161,12 @@ class Executor:
     def pubsub(self) -> Any:
         """A new pub/sub connection (redis-py's PubSub) for the session's dispatcher."""
         return self.client.pubsub()
+
+    def dispatcher(self, source: Callable[[], Any], tag: str) -> Any:
+        """The session's dispatcher (``source`` is called for the executor to open pub/sub
+        connections through)."""
+        from ._pubsub import Dispatcher
+        return Dispatcher(source, tag)
 
 
 class Batch:

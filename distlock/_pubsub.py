@@ -60,7 +60,7 @@ class Waiter:
 
 
 class Channel:
-    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up")
+    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up", "moved")
 
     def __init__(self, name: str, event: Callable[[], Any] = threading.Event) -> None:
         self.name = name
@@ -70,6 +70,9 @@ class Channel:
         self.waiters: Deque[Waiter] = collections.deque()
         self.idle_since = 0.0
         self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
+        #: its slot moved to another node of a cluster (``_pubsub_cluster``): not subscribed
+        #: again here; its waiters move to the new owner
+        self.moved = False
 
 
 class Board:
@@ -95,6 +98,8 @@ class Board:
         if chan is None:
             chan = self.channels[channel_name] = Channel(channel_name, self.event)
         chan.refs += 1
+        if chan.moved:  # joined here again: the slot map says this node owns it (again)
+            chan.moved = False
         waiter = Waiter(chan, ident, self.event)
         chan.waiters.append(waiter)
         pubsub = self._pubsub
@@ -192,7 +197,7 @@ class Board:
         on their way from now."""
         with self.mutex:
             names = [c.name for c in self.channels.values()
-                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set()]
+                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set() and not c.moved]
             for name in names:
                 self.channels[name].pending += 1
         return names
@@ -236,6 +241,13 @@ class Board:
                 if again:
                     chan.was_up = False
                     _wake(chan, None)
+            elif kind == "moved":
+                # A cluster moved the channel's slot to another node (``_pubsub_cluster``):
+                # every waiter tries again, and then waits on the new owner.
+                chan.moved = True
+                chan.pending = 0
+                chan.confirmed.clear()
+                _wake(chan, None)
             elif kind == "message":
                 data = message.get("data")
                 if isinstance(data, bytes):

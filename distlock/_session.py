@@ -110,7 +110,8 @@ class Session:
 
         tag = self.id[:8]
         self.watchdog = Watchdog(source, tag, lost)
-        self.dispatcher = Dispatcher(source, tag)
+        #: a ``Dispatcher`` (or, on a cluster, a ``ClusterDispatcher``: the same methods)
+        self.dispatcher: Dispatcher = self.executor.dispatcher(source, tag)
         #: the registry of holds, keyed by (key, owner); shared with the watchdog
         self.holds = self.watchdog.holds
 
