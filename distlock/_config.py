@@ -12,7 +12,7 @@ import sys
 import threading
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import redis
 
@@ -137,7 +137,7 @@ def check_client(client: object, owner: str = "") -> None:
     URL redis-py cannot parse. ``owner``: the class the client is for (its error names the
     asyncio twin when given an asyncio client)."""
     if isinstance(client, str):
-        _client_for_url(client)
+        check_url(client)
         return
     if isinstance(client, redis.Redis):
         return
@@ -170,28 +170,80 @@ def check_async_client(client: object, owner: str) -> None:
     """``check_client`` for the asyncio shell's class ``owner``: a ``redis.asyncio.Redis`` or a
     URL string; a sync client gets a TypeError that names the right class."""
     if isinstance(client, str):
-        _client_for_url(client)
+        check_url(client)
         return
     import redis.asyncio as aredis
 
-    if isinstance(client, aredis.Redis):
+    if isinstance(client, (aredis.Redis, aredis.RedisCluster)):
         return
-    if isinstance(client, aredis.RedisCluster):
-        raise TypeError(f"distlock.asyncio.{owner} does not support redis.asyncio.RedisCluster "
-                        "yet: use a redis.asyncio.Redis")
     if isinstance(client, redis.Redis) or (
             getattr(redis, "RedisCluster", None) is not None and isinstance(client, redis.RedisCluster)):
         raise TypeError(
             f"{type(client).__module__}.{type(client).__name__} is a blocking client: use "
             f"distlock.{owner} with it, or give distlock.asyncio.{owner} a redis.asyncio.Redis")
-    raise TypeError(f"client must be a redis.asyncio.Redis or a URL string, not {type(client).__name__}")
+    raise TypeError("client must be a redis.asyncio.Redis, a redis.asyncio.RedisCluster or a URL string, "
+                    f"not {type(client).__name__}")
 
 
-def _client_for_url(url: str) -> redis.Redis:
+#: URL schemes that ask for a Redis Cluster: ``redis+cluster://host:port[,host:port...]/`` (and
+#: ``rediss+cluster://`` over TLS). The rest of the URL is redis-py's own: its query options
+#: (``?socket_timeout=5``, ``?password=...``) go to ``RedisCluster.from_url``.
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+def cluster_url(url: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
+    """For a cluster URL: the plain URL of its first node for ``RedisCluster.from_url``, and
+    every node it names as (host, port); None for any other URL. ValueError for a cluster URL
+    without a node, or with a port that is not a number."""
+    scheme = next((s for s in CLUSTER_SCHEMES if url.lower().startswith(s)), None)
+    if scheme is None:
+        return None
+    rest = url[len(scheme):]
+    cut = min([i for i in (rest.find("/"), rest.find("?")) if i >= 0], default=len(rest))
+    hosts, tail = rest[:cut], rest[cut:]
+    auth, _, hosts = hosts.rpartition("@")
+    nodes: List[Tuple[str, int]] = []
+    for part in hosts.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep:
+            host, port = port, "6379"
+        if not host or not port.isdigit():
+            raise ValueError(f"a cluster URL names its nodes as host:port[,host:port...], not {part!r} "
+                             f"(in {url!r})")
+        nodes.append((host, int(port)))
+    if not nodes:
+        raise ValueError(f"a cluster URL names at least one node: {url!r}")
+    plain = scheme.replace("+cluster", "") + (auth + "@" if auth else "") + \
+        f"{nodes[0][0]}:{nodes[0][1]}" + tail
+    return plain, nodes
+
+
+def check_url(url: str) -> None:
+    """ValueError for a URL redis-py cannot parse. A cluster URL is only parsed (making its
+    client would connect, to read the slot map); any other makes its client, which does not."""
+    parsed = cluster_url(url)
+    if parsed is None:
+        _client_for_url(url)
+    else:
+        redis.connection.parse_url(parsed[0])  # type: ignore[no-untyped-call]
+
+
+def _cluster_from_url(module: Any, url: str, parsed: Tuple[str, List[Tuple[str, int]]]) -> Any:
+    plain, nodes = parsed
+    startup = [module.cluster.ClusterNode(host, port) for host, port in nodes]
+    return module.RedisCluster.from_url(plain, startup_nodes=startup) if len(startup) > 1 \
+        else module.RedisCluster.from_url(plain)
+
+
+def _client_for_url(url: str) -> Any:
     with _lock:
         client = _url_clients.get(url)
         if client is None:
-            client = redis.Redis.from_url(url)  # parses only; connects on first command
+            parsed = cluster_url(url)
+            if parsed is not None:
+                client = _cluster_from_url(redis, url, parsed)  # connects now: reads the slot map
+            else:
+                client = redis.Redis.from_url(url)  # parses only; connects on first command
             _url_clients[url] = client
         return client
 
@@ -209,7 +261,7 @@ def resolve_client(client: ClientArg) -> redis.Redis:
             _default_client = resolved
         return resolved
     if isinstance(client, str):
-        return _client_for_url(client)
+        return _client_for_url(client)  # type: ignore[no-any-return]
     return client  # type: ignore[return-value]
 
 
@@ -246,7 +298,9 @@ def resolve_async_client(client: Any) -> Any:
         if made is None:
             import redis.asyncio as aredis
 
-            made = clients[client] = aredis.Redis.from_url(client)
+            parsed = cluster_url(client)
+            made = clients[client] = aredis.Redis.from_url(client) if parsed is None \
+                else _cluster_from_url(aredis, client, parsed)
         return made
 
 
