@@ -116,6 +116,8 @@ class AsyncClusterPort(AsyncPort):
             except _NotSent as exc:
                 error = exc.__cause__ or exc
                 await self._refresh()
+                if self.master(slot).name == node.name:
+                    break  # still the slot's master as far as the cluster knows: no failover yet
             except MovedError as exc:
                 error, asking = exc, None
                 await self.amoved(exc)

@@ -43,10 +43,11 @@ __all__ = ["ClusterExecutor", "ClusterBatch", "REDIRECTS", "REDIRECT_BOUND", "is
 #: How many times one script is sent again after a redirection or a node it could not reach.
 REDIRECTS = 16
 
-#: How long (seconds) one script keeps following redirections and unreachable masters: a
-#: failover takes longer than that, and the caller learns of it as an error instead of
-#: waiting past its own bound.
-REDIRECT_BOUND = 2.0
+#: How long (seconds) one script keeps following redirections (and a slot that moved off a
+#: node that cannot be reached): a failover takes longer than that, and the caller learns of
+#: it as an error at once instead of waiting past its own bound. A node that cannot be reached
+#: and is still its slot's master after the slot map is read again is an error at once.
+REDIRECT_BOUND = 0.5
 
 _FIRST_PAUSE = 0.01
 
@@ -138,6 +139,8 @@ class ClusterExecutor(Executor):
             except _NotSent as exc:
                 error: BaseException = exc.__cause__ or exc
                 self.refresh()
+                if self.master(slot).name == node.name:
+                    break  # still the slot's master as far as the cluster knows: no failover yet
             except MovedError as exc:
                 error, asking = exc, None
                 self.moved(exc)
