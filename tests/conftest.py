@@ -155,3 +155,70 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 __all__ = ["Backend", "distlock"]
+
+
+# --- a real Redis Cluster (tests/_cluster.py) -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Any]:
+    """A Redis Cluster of 3 masters and 3 replicas (tests/_cluster.py), started the first time
+    a test asks for it and shared by the rest of the session. Skipped with a reason where there
+    is no server binary or no ``redis-cli`` (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
+    from _cluster import Cluster, cluster_cli
+
+    binary = redis_server_binary()
+    missing = [what for what, found in (("redis-server", binary), ("redis-cli", cluster_cli()))
+               if found is None]
+    if missing:
+        reason = f"needs {' and '.join(missing)} on PATH for a Redis Cluster"
+        if REQUIRE_REAL:
+            pytest.fail(f"DISTLOCK_REQUIRE_REDIS=1 but the cluster {reason}")
+        pytest.skip(reason)
+    made = Cluster.start(binary)
+    try:
+        yield made
+    finally:
+        try:
+            reset_sessions()
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def cluster_client(cluster: Any) -> Iterator[redis.RedisCluster]:
+    """A ``redis.RedisCluster`` of the session's cluster; after the test, its distlock sessions
+    are stopped, the client is closed and every master flushed (a node left down by the test
+    is restarted first, as ``healthy_cluster`` does)."""
+    before = set(threading.enumerate())
+    c = cluster.client()
+    try:
+        yield c
+    finally:
+        reset_sessions()
+        try:
+            if cluster.down():
+                cluster.heal()
+            else:
+                cluster.flush()
+        finally:
+            c.close()
+            _config.reset_settings()
+        _wait_threads_gone(before)
+
+
+@pytest.fixture
+def healthy_cluster(cluster: Any) -> Iterator[Any]:
+    """The session's cluster, for a test that kills nodes or moves slots: after it, every
+    killed node is restarted, slots left half-migrated are settled, and the fixture waits
+    until every node says ``cluster_state:ok`` and agrees on the slot map with every replica
+    attached (a killed ex-master comes back as a replica), then flushes (``Cluster.heal``)."""
+    before = set(threading.enumerate())
+    try:
+        yield cluster
+    finally:
+        reset_sessions()
+        try:
+            cluster.heal()
+        finally:
+            _config.reset_settings()
+        _wait_threads_gone(before)
