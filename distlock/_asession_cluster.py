@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import redis
 import redis.asyncio as aredis
@@ -93,8 +93,12 @@ class AsyncClusterPort(AsyncPort):
     async def _refresh(self) -> None:
         try:
             await self._bounded(self._nodes().initialize(), self._connect_bound or REDIRECT_BOUND)
-        except (redis.RedisError, OSError):
-            pass  # the next try meets the same error, and raises it when out of tries
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError):
+            pass  # no node answers: the try that follows meets the same error, and raises it
+
+    async def join(self, channel: str, bound: Optional[float], ident: Optional[str] = None) -> Any:
+        await self._client.initialize()  # the slot map routes the channel (a no-op once read)
+        return await super().join(channel, bound, ident)
 
     # --- scripts ----------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ serves it. The same three kinds of traffic as on one server (``_executor``), rou
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import redis
 from redis.commands.core import Script
@@ -84,6 +84,8 @@ class ClusterExecutor(Executor):
         self.scripts = {name: Script(client, sharded_source(name, self.sharded)) for name in script_names()}
         #: per node name: the watchdog's private twin of that node's client
         self._renewers: Dict[str, Tuple[float, Any]] = {}
+        #: per node name: the scripts a batch loaded there (see ``ClusterBatch._send``)
+        self.loaded: Dict[str, Set[str]] = {}
 
     # --- routing ----------------------------------------------------------------------------
 
@@ -108,10 +110,11 @@ class ClusterExecutor(Executor):
 
     def refresh(self) -> None:
         """Read the slot map again (a node could not be reached)."""
+        self.loaded.clear()  # a node may have been replaced (a promoted replica)
         try:
             self.client.nodes_manager.initialize()
-        except redis.RedisError:
-            pass  # the next try meets the same error, and raises it when out of tries
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
+            pass  # no node answers: the try that follows meets the same error, and raises it
 
     def _sender(self, node: Any) -> Callable[..., Any]:
         # Kept on the node's pool, not here: the pool's settings refer to the user's client,
@@ -305,12 +308,19 @@ class ClusterBatch(Batch):
         return replies
 
     def _send(self, node: Any, indexes: List[int]) -> List[Any]:
-        """One pipeline to ``node`` (scripts as bare EVALSHA: no SCRIPT EXISTS round trip first;
-        NOSCRIPT loads the script there, and the entry goes again); a connection failure is
-        every entry's reply."""
+        """One pipeline to ``node``: scripts as bare EVALSHA, with no SCRIPT EXISTS round trip
+        first. A script not known to be loaded on that node goes first in the same pipeline as
+        SCRIPT LOAD (Redis runs a pipeline in order), so a node that never ran it (a new node, a
+        promoted replica: the script cache is not replicated) costs no round trip more. An
+        entry answered NOSCRIPT anyway (SCRIPT FLUSH) goes again in the next round, which loads
+        it. A connection failure is every entry's reply."""
         client = self._client_for(node)
         pipe = client.pipeline(transaction=False)
         scripts = self._executor.scripts
+        loaded = self._executor.loaded.setdefault(node.name, set())
+        loads = sorted({self._entries[i][1] for i in indexes} - loaded - {""})
+        for name in loads:
+            pipe.execute_command("SCRIPT", "LOAD", scripts[name].script)
         for i in indexes:
             _, name, keys, args = self._entries[i]
             if name:
@@ -322,14 +332,12 @@ class ClusterBatch(Batch):
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             self._executor.refresh()
             return [exc] * len(indexes)
+        loaded.update(name for name, reply in zip(loads, raw) if not isinstance(reply, Exception))
         replies = []
-        for i, reply in zip(indexes, raw):
+        for i, reply in zip(indexes, raw[len(loads):]):
             name = self._entries[i][1]
             if name and isinstance(reply, NoScriptError):
-                try:
-                    client.script_load(scripts[name].script)
-                except redis.RedisError as exc:
-                    reply = exc
+                loaded.discard(name)
             elif name and isinstance(reply, redis.exceptions.ResponseError):
                 reply = located(name, reply)
             replies.append(reply)
