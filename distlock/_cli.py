@@ -1,7 +1,10 @@
 """The ``distlock`` command line (also ``python -m distlock``).
 
 Subcommands: ``run`` (flock(1) across hosts), ``status``, ``list``, ``top``,
-``release --force``, ``demo`` and ``bench``. Exit statuses follow sysexits(3) where one fits:
+``release --force``, ``demo`` and ``bench``. ``--url`` (or ``$DISTLOCK_URL``) names one server,
+or a Redis Cluster as ``redis+cluster://host:port[,host:port...]/``; on a cluster ``status``,
+``list``, ``release`` and ``top`` SCAN every master and read each name on its slot's master
+(``_top.servers``). Exit statuses follow sysexits(3) where one fits:
 
 - 0 success; a ``run`` passes its command's status through (128 + N for a signal N);
 - 1 a refused or failed admin action (``release`` without ``--force``);
@@ -26,12 +29,13 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from . import __version__
-from ._config import DEFAULT_URL, settings
+from ._config import DEFAULT_URL, client_from_url, cluster_url, settings
 from ._errors import LockLostError
 from ._inspect import (
     LockState,
@@ -39,7 +43,6 @@ from ._inspect import (
     exclusive_state,
     free_state,
     name_from_key,
-    pipeline_reply,
     redact_url,
     rw_state,
     scan_pattern,
@@ -47,8 +50,9 @@ from ._inspect import (
 from ._lock import hold_of, still_held
 from ._logic import Keys
 from ._session import session_for
+from ._top import by_server, execute, routed, scan_keys, servers, time_ms
 
-__all__ = ["main", "build_parser", "EXIT_UNAVAILABLE", "EXIT_LOST", "EXIT_CONFLICT"]
+__all__ = ["main", "build_parser", "connect", "EXIT_UNAVAILABLE", "EXIT_LOST", "EXIT_CONFLICT"]
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -236,10 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser(
         "bench", help="run the benchmark suite",
-        usage="distlock bench [FIGURE...] [--quick] [--json PATH] [other bench_locks.py options]",
+        usage="distlock bench [--cluster] [FIGURE...] [--quick] [--json PATH] "
+              "[other options of the benchmark script]",
         description="Run benchmarks/bench_locks.py from the source tree (all figures, or those "
                     "named) and print the table. It always starts its own fresh redis-server, so "
-                    "it takes no --url; other options go to bench_locks.py as they are.")
+                    "it takes no --url; other options go to bench_locks.py as they are. With "
+                    "--cluster, run benchmarks/bench_cluster.py instead: distlock on a private "
+                    "Redis Cluster (3 masters, 3 replicas) against one server.")
+    bench.add_argument("--cluster", action="store_true",
+                       help="benchmark distlock on a private Redis Cluster (bench_cluster.py; "
+                            "figures: commands, spread, handoff, watchdog)")
     bench.add_argument("figures", nargs="*", metavar="FIGURE",
                        help="floor, uncontended, handoff, contended, idle, connections")
     return parser
@@ -262,6 +272,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if extra and args.command_name != "bench":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    if args.command_name == "bench":
+        # everything after "bench" but --cluster goes to the script as it is (an option's
+        # value must not be taken for a FIGURE: "--rounds 3")
+        args.extra = [a for a in head[head.index("bench") + 1:] if a != "--cluster"]
+        if any(a == "--url" or a.startswith("--url=") for a in args.extra):
+            parser.error("bench starts servers of its own and takes no --url (a given server's "
+                         "figures could not be compared with the floors of the same run); "
+                         "--cluster benchmarks distlock on a private Redis Cluster")
     if command is not None:
         args.command = [*args.command, *command]
     handlers: Dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
@@ -280,7 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         _err(f"cannot reach the Redis server at {redact_url(url or '?')}: {_one_line(exc)}")
         return EXIT_UNAVAILABLE
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         _err(f"Redis error from {redact_url(url or '?')}: {_one_line(exc)}")
         return EXIT_SOFTWARE
     except KeyboardInterrupt:
@@ -293,9 +311,42 @@ def _one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-def _client(url: str, parser: argparse.ArgumentParser) -> redis.Redis:
+def connect(url: str, **kwargs: Any) -> Any:
+    """The client of ``url``, with ``kwargs`` for redis-py: a ``redis.RedisCluster`` for
+    ``redis+cluster://host:port[,host:port...]/`` (or ``rediss+cluster://``), which reads the
+    slot map and so connects now; else a ``redis.Redis``, which connects on its first command.
+
+    Raise ValueError for a URL redis-py cannot parse (before connecting), and
+    redis.ConnectionError when none of a cluster's nodes can be reached.
+    """
+    _parsed(url)
     try:
-        return redis.Redis.from_url(url, socket_connect_timeout=10)
+        return client_from_url(url, **kwargs)
+    except RedisClusterException as exc:
+        if isinstance(exc.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+            raise redis.ConnectionError(_one_line(exc.__cause__)) from exc
+        raise
+
+
+def _parsed(url: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
+    """``cluster_url(url)``, once redis-py parsed the URL (without connecting): ValueError when
+    it cannot."""
+    parsed = cluster_url(url)
+    redis.connection.parse_url(url if parsed is None else parsed[0])  # type: ignore[no-untyped-call]
+    return parsed
+
+
+def _check_url(url: str, parser: argparse.ArgumentParser) -> None:
+    """A URL redis-py cannot parse is a usage error (nothing connects)."""
+    try:
+        _parsed(url)
+    except ValueError as exc:
+        parser.error(f"argument --url: {_one_line(exc)}")
+
+
+def _client(url: str, parser: argparse.ArgumentParser) -> Any:
+    try:
+        return connect(url, socket_connect_timeout=10)
     except ValueError as exc:
         parser.error(f"argument --url: {_one_line(exc)}")
         raise  # not reached: parser.error exits
@@ -312,44 +363,61 @@ def _rw_keys(name: str) -> Any:
     return RWKeys.of(settings().prefix, name)
 
 
-def fetch_states(client: redis.Redis, names: Sequence[str]) -> List[LockState]:
-    """Every primitive held under each name (or one ``free`` state), in one round trip."""
+def fetch_states(client: Any, names: Sequence[str]) -> List[LockState]:
+    """Every primitive held under each name (or one ``free`` state): one round trip per server
+    that holds one of the names (one server; on a cluster, the masters of their slots), with
+    that server's TIME."""
+    return routed(client, lambda: _fetch_states(client, names))
+
+
+def _fetch_states(client: Any, names: Sequence[str]) -> List[LockState]:
     prefix = settings().prefix
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    for name in names:
-        k = Keys(prefix, name)
-        pipe.type(k.lock)
-        pipe.hgetall(k.lock)
-        pipe.pttl(k.lock)
-        pipe.get(k.fence)
-        rw = _rw_keys(name)
-        if rw is not None:
-            pipe.type(rw.writer)
-            pipe.hgetall(rw.writer)
-            pipe.pttl(rw.writer)
-            pipe.zrange(rw.readers, 0, -1, withscores=True)
-            pipe.zrange(rw.queue, 0, -1, withscores=True)
-    replies = [pipeline_reply(r) for r in pipe.execute(raise_on_error=False)]
-    seconds, micros = replies[0]
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    at = 1
-    states: List[LockState] = []
-    for name in names:
-        k = Keys(prefix, name)
-        key_type, fields, pttl, fence = replies[at:at + 4]
-        at += 4
-        found = [exclusive_state(name, k.lock, key_type, fields, pttl, fence)]
-        rw = _rw_keys(name)
-        if rw is not None:
-            w_type, w_fields, w_pttl, readers, queue = replies[at:at + 5]
-            at += 5
-            found.append(rw_state(name, rw.writer, writer_type=w_type, writer_fields=w_fields,
-                                  writer_pttl=w_pttl, readers=readers, queue=queue,
-                                  now_ms=now_ms, fence=fence))
-        held = [state for state in found if state is not None]
-        states.extend(held or [free_state(name, k.lock, fence)])
-    return states
+    found: List[List[LockState]] = [[] for _ in names]
+    for server, indexes in by_server(client, [Keys(prefix, name).lock for name in names]):
+        pipe = server.pipeline(transaction=False)
+        pipe.time()
+        for i in indexes:
+            _queue_state_reads(pipe, prefix, names[i])
+        replies = execute(pipe)
+        now_ms = time_ms(replies[0])
+        at = 1
+        for i in indexes:
+            found[i], at = _read_states(prefix, names[i], replies, at, now_ms)
+    return [state for states in found for state in states]
+
+
+def _queue_state_reads(pipe: Any, prefix: str, name: str) -> None:
+    k = Keys(prefix, name)
+    pipe.type(k.lock)
+    pipe.hgetall(k.lock)
+    pipe.pttl(k.lock)
+    pipe.get(k.fence)
+    rw = _rw_keys(name)
+    if rw is not None:
+        pipe.type(rw.writer)
+        pipe.hgetall(rw.writer)
+        pipe.pttl(rw.writer)
+        pipe.zrange(rw.readers, 0, -1, withscores=True)
+        pipe.zrange(rw.queue, 0, -1, withscores=True)
+
+
+def _read_states(prefix: str, name: str, replies: List[Any], at: int,
+                 now_ms: int) -> tuple[List[LockState], int]:
+    """The states of ``name`` from ``replies[at:]``, queued by ``_queue_state_reads``; and
+    where the next name's replies begin."""
+    k = Keys(prefix, name)
+    key_type, fields, pttl, fence = replies[at:at + 4]
+    at += 4
+    found = [exclusive_state(name, k.lock, key_type, fields, pttl, fence)]
+    rw = _rw_keys(name)
+    if rw is not None:
+        w_type, w_fields, w_pttl, readers, queue = replies[at:at + 5]
+        at += 5
+        found.append(rw_state(name, rw.writer, writer_type=w_type, writer_fields=w_fields,
+                              writer_pttl=w_pttl, readers=readers, queue=queue,
+                              now_ms=now_ms, fence=fence))
+    held = [state for state in found if state is not None]
+    return held or [free_state(name, k.lock, fence)], at
 
 
 def _who(o: Owner) -> str:
@@ -404,15 +472,22 @@ def _held_suffixes() -> List[str]:
     return suffixes
 
 
-def list_names(client: redis.Redis, pattern: str) -> List[str]:
-    """Names whose hold keys exist and match ``pattern``, found with SCAN (never KEYS)."""
+def list_names(client: Any, pattern: str) -> List[str]:
+    """Names whose hold keys exist and match ``pattern``, found with SCAN (never KEYS) on
+    every server: the one, or every master of a cluster."""
+    return routed(client, lambda: _list_names(client, pattern))
+
+
+def _list_names(client: Any, pattern: str) -> List[str]:
     prefix = settings().prefix
     suffixes = _held_suffixes()
+    match = scan_pattern(prefix, pattern)
     found = set()
-    for key in client.scan_iter(match=scan_pattern(prefix, pattern), count=1000):
-        name = name_from_key(prefix, key, suffixes)
-        if name is not None:
-            found.add(name)
+    for server in servers(client):
+        for key in scan_keys(server, match):
+            name = name_from_key(prefix, key, suffixes)
+            if name is not None:
+                found.add(name)
     return sorted(found)
 
 
@@ -440,7 +515,7 @@ def _holder_summary(state: LockState) -> str:
     return f"{owners} ({state.kind}, token {state.token})"
 
 
-def _force_release(client: redis.Redis, state: LockState) -> tuple[int, int]:
+def _force_release(client: Any, state: LockState) -> tuple[int, int]:
     """Run force_release.lua on the keys of ``state``'s primitive; return its reply."""
     k = Keys(settings().prefix, state.name)
     rw = _rw_keys(state.name) if state.kind == "DistReadWriteLock" else None
@@ -491,7 +566,7 @@ def cmd_release(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 
 # --- run ---------------------------------------------------------------------------------------
 
-def _make_lock(args: argparse.Namespace, client: redis.Redis,
+def _make_lock(args: argparse.Namespace, client: Any,
                parser: argparse.ArgumentParser) -> Any:
     import distlock
 
@@ -608,7 +683,7 @@ class _Runner:
                 continue
             try:
                 held = still_held(self.lock, hold)
-            except (redis.ConnectionError, redis.TimeoutError):
+            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException):
                 continue  # the watchdog decides when an unreachable server means a lost lease
             except redis.RedisError as exc:  # an answer, but not one that says "still yours"
                 self._mark_lost(hold, f"its hold cannot be confirmed in Redis ({exc})")
@@ -666,7 +741,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 states = [s for s in fetch_states(client, [args.name]) if s.held]
                 if states:
                     held = "; held by " + "; ".join(_holder_summary(s) for s in states)
-            except redis.RedisError:
+            except (redis.RedisError, RedisClusterException):
                 pass
             _err(f"could not take {args.name!r}{how}{held}")
             return int(args.conflict_exit_code)
@@ -754,7 +829,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ._demo import run_demo
 
     if args.url is not None:
-        _client(args.url, parser)  # a bad URL is a usage error
+        _check_url(args.url, parser)
     return run_demo(url=args.url, workers=args.workers, increments=args.increments)
 
 
@@ -763,20 +838,27 @@ def bench_script() -> Path:
     return Path(__file__).resolve().parent.parent / "benchmarks" / "bench_locks.py"
 
 
+def cluster_bench_script() -> Path:
+    """Where ``benchmarks/bench_cluster.py`` (``distlock bench --cluster``) is in a source
+    checkout."""
+    return bench_script().parent / "bench_cluster.py"
+
+
 def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    path = bench_script()
+    script = "bench_cluster" if args.cluster else "bench_locks"
+    path = cluster_bench_script() if args.cluster else bench_script()
     how = ("from a clone of the repository: pip install -e '.[bench]' && "
-           "python benchmarks/bench_locks.py [FIGURE...]")
+           f"python benchmarks/{script}.py [FIGURE...]")
     if not path.is_file():
         raise _Fail(f"the benchmarks are not installed with the package; run them {how}",
                     EXIT_REFUSED)
-    # Imported as benchmarks.bench_locks from the source tree, so that the worker processes it
+    # Imported as benchmarks.<script> from the source tree, so that the worker processes it
     # spawns can import its functions by the same name.
     root = str(path.parent.parent)
     if root not in sys.path:
         sys.path.insert(0, root)
     try:
-        module = importlib.import_module("benchmarks.bench_locks")
+        module = importlib.import_module(f"benchmarks.{script}")
     except ImportError as exc:
         raise _Fail(f"the benchmarks need the bench extra ({_one_line(exc)}); run them {how}",
                     EXIT_REFUSED) from None
@@ -786,7 +868,7 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not callable(entry):
         raise _Fail(f"{path} has no main(); run it {how}", EXIT_REFUSED)
     try:
-        result = entry([*args.figures, *args.extra])
+        result = entry(list(args.extra))
     except SystemExit as exc:  # its own argparse said no
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     return int(result or 0)

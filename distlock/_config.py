@@ -228,22 +228,31 @@ def check_url(url: str) -> None:
         redis.connection.parse_url(parsed[0])  # type: ignore[no-untyped-call]
 
 
-def _cluster_from_url(module: Any, url: str, parsed: Tuple[str, List[Tuple[str, int]]]) -> Any:
+def _cluster_from_url(module: Any, url: str, parsed: Tuple[str, List[Tuple[str, int]]],
+                      **kwargs: Any) -> Any:
+    """``module.RedisCluster`` (``redis`` or ``redis.asyncio``) for a parsed cluster URL, with
+    every node it names as a startup node; ``kwargs`` go to redis-py."""
     plain, nodes = parsed
-    startup = [module.cluster.ClusterNode(host, port) for host, port in nodes]
-    return module.RedisCluster.from_url(plain, startup_nodes=startup) if len(startup) > 1 \
-        else module.RedisCluster.from_url(plain)
+    if len(nodes) > 1:
+        kwargs["startup_nodes"] = [module.cluster.ClusterNode(host, port) for host, port in nodes]
+    return module.RedisCluster.from_url(plain, **kwargs)
+
+
+def client_from_url(url: str, **kwargs: Any) -> Any:
+    """A new blocking client for ``url`` (``kwargs`` go to redis-py): a ``redis.RedisCluster``
+    for a cluster URL (it connects now, to read the slot map), else a ``redis.Redis``."""
+    parsed = cluster_url(url)
+    if parsed is None:
+        return redis.Redis.from_url(url, **kwargs)
+    return _cluster_from_url(redis, url, parsed, **kwargs)
 
 
 def _client_for_url(url: str) -> Any:
     with _lock:
         client = _url_clients.get(url)
         if client is None:
-            parsed = cluster_url(url)
-            if parsed is not None:
-                client = _cluster_from_url(redis, url, parsed)  # connects now: reads the slot map
-            else:
-                client = redis.Redis.from_url(url)  # parses only; connects on first command
+            # a plain client only parses; a cluster one connects now, to read the slot map
+            client = client_from_url(url)
             _url_clients[url] = client
         return client
 

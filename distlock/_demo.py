@@ -8,7 +8,9 @@ got it and when it began to release it; the hand-off latency is the time from on
 release to the return of ``acquire()`` in another worker that was already waiting.
 
 Without a URL the demo starts a private ``redis-server`` on a free loopback port, or, where there
-is none, fakeredis' TCP server inside this process, and stops it afterwards.
+is none, fakeredis' TCP server inside this process, and stops it afterwards. A given URL may
+name a Redis Cluster (``redis+cluster://host:port[,host:port...]/``): the parent and every
+worker then talk to it through a ``redis.RedisCluster``.
 """
 
 from __future__ import annotations
@@ -92,8 +94,11 @@ def _run_phase(client: Any, phase: str, counter: str, lock_name: str, k: int,
 
 def _worker(index: int, url: str, tasks: Any, results: Any, barrier: Any) -> None:
     """One worker process: run the phases it is sent until it is sent None."""
-    client = redis.Redis.from_url(url)
+    from ._cli import connect
+
+    client: Any = None
     try:
+        client = connect(url)
         client.ping()
         results.put((index, "ready", None))
         while True:
@@ -112,7 +117,8 @@ def _worker(index: int, url: str, tasks: Any, results: Any, barrier: Any) -> Non
         from ._session import reset_sessions
 
         reset_sessions()  # stop this process' distlock threads before their connections go
-        client.close()
+        if client is not None:
+            client.close()
 
 
 # --- the figures (no I/O) ----------------------------------------------------------------------
@@ -167,8 +173,11 @@ class _Backend:
     """The server the demo runs on: the given URL, a private redis-server, or fakeredis."""
 
     def __init__(self, url: Optional[str]) -> None:
+        from ._config import cluster_url
+
         self.url = url
-        self.description = f"the Redis server at {url}"
+        what = "Redis Cluster" if url is not None and cluster_url(url) is not None else "Redis server"
+        self.description = f"the {what} at {url}"
         self._server: Any = None
         self._fake: Any = None
         self._thread: Optional[threading.Thread] = None
@@ -274,7 +283,7 @@ def run_demo(url: Optional[str] = None, workers: int = 4, increments: int = 200,
     backend = _Backend(url)
     procs: List[Any] = []
     task_queues: List[Any] = []
-    client: Optional[redis.Redis] = None
+    client: Any = None
     run = os.urandom(4).hex()
     counter = f"distlock-demo:{run}:counter"
     names = {"lock": f"distlock-demo:{run}:lock", "rlock": f"distlock-demo:{run}:rlock"}
@@ -287,7 +296,9 @@ def run_demo(url: Optional[str] = None, workers: int = 4, increments: int = 200,
         assert backend.url is not None
         print(f"distlock demo: {workers} worker processes x {increments} increments of one shared "
               f"counter, on {backend.description}", file=out, flush=True)
-        client = redis.Redis.from_url(backend.url, socket_connect_timeout=10)
+        from ._cli import connect
+
+        client = connect(backend.url, socket_connect_timeout=10)
         client.ping()
         # Load every script once up front. The workers' first EVALSHA then finds it, and no
         # NOSCRIPT error reply is sent, which fakeredis' TCP server answers by closing the

@@ -12,6 +12,11 @@ One refresh:
 
 So a refresh costs one SCAN per 1000 keys under the prefix (a held DistLock is two keys: its
 hash and its ``:fence``), plus about two reads per row shown or waited on.
+
+On a Redis Cluster every master is SCANned (each with its own ``TIME``), and the reads go, one
+pipeline per master, to the master of each primitive's slot (all keys of a primitive share its
+name's hash tag). The helpers for that (``servers``, ``by_server``, ``routed``) are shared with
+``distlock status``, ``list`` and ``release``: on one server they see one server.
 """
 
 from __future__ import annotations
@@ -22,11 +27,25 @@ import select
 import shutil
 import sys
 import time
-from typing import Any, Callable, List, Optional, TextIO, Tuple
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    TextIO,
+    Tuple,
+    TypeVar,
+)
 
 import redis
+from redis.exceptions import AskError, ClusterDownError, RedisClusterException, TryAgainError
 
 from ._config import settings
+from ._executor_cluster import is_cluster
 from ._inspect import (
     BARRIER,
     COND,
@@ -57,7 +76,8 @@ from ._inspect import (
     sort_rows,
 )
 
-__all__ = ["snapshot", "run_top", "SCAN_COUNT", "READ_CHUNK", "READ_BUDGET"]
+__all__ = ["snapshot", "run_top", "SCAN_COUNT", "READ_CHUNK", "READ_BUDGET", "servers", "server_of",
+           "by_server", "scan_keys", "execute", "routed", "time_ms", "READ_AGAIN_BOUND"]
 
 #: keys per SCAN call: a hint to the server, which walks about that many buckets per call
 SCAN_COUNT = 1000
@@ -71,21 +91,133 @@ READ_BUDGET = 2000
 _HEADER_LINES = 3
 
 
-def scan(client: redis.Redis, prefix: str) -> Tuple[int, List[Any], int]:
-    """(server ms, every key under ``prefix``, SCAN calls): SCAN to the end, never KEYS."""
+# --- the servers: one, or every master of a cluster -------------------------------------------
+#
+# A keyspace lives on one server, or is split over the masters of a Redis Cluster by slot. The
+# commands below never send a keyless or multi-key command through a RedisCluster: they SCAN
+# each master (a SCAN sees one node's keys only), and read each primitive's keys on the master
+# of their slot, in one plain pipeline per master, with that master's own TIME (the deadlines
+# in a primitive's keys are that master's clock). On one server, ``servers`` is that server.
+
+T = TypeVar("T")
+
+#: How long (seconds) the reads of one command are done again on a cluster whose slot map
+#: changed under them (a redirection, a master replaced), each time on a fresh slot map.
+READ_AGAIN_BOUND = 2.0
+
+#: replies that mean "not on this node (now)": the slot moved, is moving, or the cluster is
+#: reconfiguring; the reads are done again on a fresh slot map (``routed``)
+_REDIRECTS = (AskError, TryAgainError, ClusterDownError)
+
+
+def servers(client: Any) -> List[Any]:
+    """Every server whose keys together are the keyspace: ``client`` itself, or for a
+    ``redis.RedisCluster`` a ``redis.Redis`` per master, as its slot map knows them."""
+    if is_cluster(client):
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
+    return [client]
+
+
+def server_of(client: Any, key: Any) -> Any:
+    """The server that holds ``key``: ``client`` itself, or the master of its slot."""
+    if is_cluster(client):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
+
+
+def by_server(client: Any, keys: Sequence[Any]) -> List[Tuple[Any, List[int]]]:
+    """The indexes of ``keys`` grouped by the server that holds each: (server, indexes), in
+    the order of each server's first key; one group on one server."""
+    groups: Dict[int, Tuple[Any, List[int]]] = {}
+    for i, key in enumerate(keys):
+        server = server_of(client, key)
+        groups.setdefault(id(server), (server, []))[1].append(i)
+    return list(groups.values())
+
+
+def time_ms(reply: Any) -> int:
+    """A TIME reply, in ms."""
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def execute(pipe: Any) -> List[Any]:
+    """Run a pipeline of reads: a redirection (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) raises, for
+    ``routed`` to read again; otherwise each reply as ``pipeline_reply`` reads it."""
+    replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, _REDIRECTS):
+            raise reply
+    return [pipeline_reply(r) for r in replies]
+
+
+def routed(client: Any, work: Callable[[], T]) -> T:
+    """``work()``, which only reads (safe to do again). On a cluster, when a node redirects
+    one of its reads (MOVED, ASK, TRYAGAIN, CLUSTERDOWN), the slot map is read again and
+    ``work()`` done again; so too when a node cannot be reached and the fresh slot map names
+    other masters (a failover): for at most ``READ_AGAIN_BOUND`` seconds. An unreachable node
+    that is still a master of the slot map is an error at once, as on one server."""
+    give_up = time.monotonic() + READ_AGAIN_BOUND
+    pause = 0.01
+    while True:
+        try:
+            return work()
+        except _REDIRECTS:
+            if not is_cluster(client) or time.monotonic() + pause > give_up:
+                raise
+            _read_slot_map(client)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if not is_cluster(client):
+                raise
+            before = _master_names(client)
+            _read_slot_map(client)
+            if _master_names(client) == before or time.monotonic() + pause > give_up:
+                raise  # no other master to read from (yet)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def _master_names(client: Any) -> Set[str]:
+    return {node.name for node in client.get_primaries()}
+
+
+def _read_slot_map(client: Any) -> None:
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException):
+        pass  # the next try meets the same trouble, and raises it
+
+
+def scan_keys(server: Any, match: str, count: int = SCAN_COUNT) -> Iterator[Any]:
+    """Every key of one server that matches ``match``: SCAN to the end, never KEYS."""
+    cursor: Any = 0
+    while True:
+        cursor, keys = server.scan(cursor=cursor, match=match, count=count)
+        yield from keys
+        if int(cursor) == 0:
+            return
+
+
+def scan(client: Any, prefix: str) -> Tuple[List[Tuple[Any, int]], List[Any], int]:
+    """((server, its ms) for each server, every key under ``prefix``, SCAN calls): SCAN to the
+    end on every server (every master of a cluster), never KEYS."""
     match = glob_escape(prefix) + "*"
-    pipe = client.pipeline(transaction=False)
-    pipe.time()
-    pipe.scan(cursor=0, match=match, count=SCAN_COUNT)
-    (seconds, micros), (cursor, keys) = pipe.execute()
-    now_ms = int(seconds) * 1000 + int(micros) // 1000
-    found = list(keys)
-    calls = 1
-    while int(cursor) != 0:
-        cursor, keys = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
+    clocks: List[Tuple[Any, int]] = []
+    found: List[Any] = []
+    calls = 0
+    for server in servers(client):
+        pipe = server.pipeline(transaction=False)
+        pipe.time()
+        pipe.scan(cursor=0, match=match, count=SCAN_COUNT)
+        now, (cursor, keys) = execute(pipe)
+        clocks.append((server, time_ms(now)))
         found.extend(keys)
         calls += 1
-    return now_ms, found, calls
+        while int(cursor) != 0:
+            cursor, keys = server.scan(cursor=cursor, match=match, count=SCAN_COUNT)
+            found.extend(keys)
+            calls += 1
+    return clocks, found, calls
 
 
 Reader = Callable[[List[Any]], Optional[TopRow]]
@@ -163,35 +295,44 @@ def _queue_reads(pipe: Any, entry: Found, now_ms: int) -> Tuple[int, Reader]:
     return n, lambda r: None
 
 
-def snapshot(client: redis.Redis, url: str, limit: Optional[int] = None,
+def snapshot(client: Any, url: str, limit: Optional[int] = None,
              budget: Optional[int] = None) -> TopSnapshot:
     """One refresh: SCAN, then the pipelined reads of the rows to show (``limit`` rows, all
     when None; at most ``budget`` primitives read, no cap when None), sorted by the oldest
-    wait."""
+    wait. On a cluster, each master is scanned and each primitive read on its slot's master
+    (done again on a fresh slot map when a slot moved meanwhile: ``routed``)."""
+    return routed(client, lambda: _snapshot(client, url, limit, budget))
+
+
+def _snapshot(client: Any, url: str, limit: Optional[int], budget: Optional[int]) -> TopSnapshot:
     started = time.monotonic()
     prefix = settings().prefix
-    now_ms, keys, scans = scan(client, prefix)
+    clocks, keys, scans = scan(client, prefix)
     found = group_keys(prefix, keys)
     chosen = plan_reads(found, limit, budget)
     rows: List[TopRow] = []
-    commands = scans + 1  # + TIME
-    for at in range(0, len(chosen), READ_CHUNK):
-        pipe = client.pipeline(transaction=False)
-        readers: List[Tuple[int, Reader]] = []
-        for entry in chosen[at:at + READ_CHUNK]:
-            readers.append(_queue_reads(pipe, entry, now_ms))
-        replies = [pipeline_reply(r) for r in pipe.execute(raise_on_error=False)]
-        commands += len(replies)
-        pos = 0
-        for count, read in readers:
-            row = read(replies[pos:pos + count])
-            pos += count
-            if row is not None:
-                rows.append(row)
+    commands = scans + len(clocks)  # + one TIME per server
+    now_of = {id(server): now for server, now in clocks}
+    first_now = clocks[0][1]
+    for server, indexes in by_server(client, [next(iter(f.keys.values())) for f in chosen]):
+        now_ms = now_of.get(id(server), first_now)  # a master the scan did not know: rare
+        for at in range(0, len(indexes), READ_CHUNK):
+            pipe = server.pipeline(transaction=False)
+            readers: List[Tuple[int, Reader]] = []
+            for i in indexes[at:at + READ_CHUNK]:
+                readers.append(_queue_reads(pipe, chosen[i], now_ms))
+            replies = execute(pipe)
+            commands += len(replies)
+            pos = 0
+            for count, read in readers:
+                row = read(replies[pos:pos + count])
+                pos += count
+                if row is not None:
+                    rows.append(row)
     ordered = sort_rows(rows)
     if limit is not None:
         ordered = ordered[:limit]
-    return TopSnapshot(url=url, server_time_ms=now_ms, rows=tuple(ordered),
+    return TopSnapshot(url=url, server_time_ms=first_now, rows=tuple(ordered),
                        primitives=len(found), waited=sum(1 for f in found if f.waited),
                        read=len(chosen),
                        keys_scanned=len(keys), scan_calls=scans, commands=commands,
@@ -268,7 +409,7 @@ def _screen_limit(out: TextIO, limit: Optional[int]) -> Tuple[int, int]:
     return (min(fit, limit) if limit is not None else fit), size.columns
 
 
-def run_top(client: redis.Redis, url: str, *, interval: float, limit: Optional[int],
+def run_top(client: Any, url: str, *, interval: float, limit: Optional[int],
             once: bool, as_json: bool, out: TextIO = sys.stdout, inp: TextIO = sys.stdin) -> int:
     """``distlock top``: one snapshot (``once``, text or JSON), or the live view until ``q`` or
     Ctrl-C. A server that cannot be reached at the first refresh raises (the command line
@@ -302,7 +443,7 @@ def run_top(client: redis.Redis, url: str, *, interval: float, limit: Optional[i
             try:
                 snap = snapshot(client, url, rows, READ_BUDGET)
                 error = None
-            except redis.RedisError as exc:
+            except (redis.RedisError, RedisClusterException) as exc:
                 error = " ".join(f"{type(exc).__name__}: {exc}".split())
     except KeyboardInterrupt:
         return 0
