@@ -67,3 +67,24 @@ def test_bench_asyncio_quick_prints_every_figure() -> None:
         assert figure in out, out
     for label in ("DistLock", "DistRLock", "redis-py asyncio Lock", "pottery AIORedlock"):
         assert label in out, out
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_bench_cluster_quick_prints_every_figure() -> None:
+    import shutil
+
+    if redis_server_binary() is None or shutil.which("redis-cli") is None:
+        pytest.skip("the benchmark starts its own redis-server and cluster (redis-cli creates it)")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_cluster.py"), "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    for figure in ("round trips per acquire+release, DistLock",
+                   "Redis commands per acquire+release, DistRLock",
+                   "spread of 10,000 names over 3 masters", "hand-off median: cluster DistLock",
+                   "hand-off median: single-server floor", "watchdog round trips per round",
+                   "watchdog commands per round", "keys left after releasing everything"):
+        assert figure in out, out
