@@ -305,12 +305,19 @@ def resolve_async_client(client: Any) -> Any:
             clients = _async_url_clients[loop] = {}
         made = clients.get(client)
         if made is None:
-            import redis.asyncio as aredis
-
-            parsed = cluster_url(client)
-            made = clients[client] = aredis.Redis.from_url(client) if parsed is None \
-                else _cluster_from_url(aredis, client, parsed)
+            made = clients[client] = async_client_from_url(client)
         return made
+
+
+def async_client_from_url(url: str, **kwargs: Any) -> Any:
+    """``client_from_url`` for the asyncio shell: a ``redis.asyncio.RedisCluster`` for a
+    cluster URL (it reads the slot map on first use), else a ``redis.asyncio.Redis``."""
+    import redis.asyncio as aredis
+
+    parsed = cluster_url(url)
+    if parsed is None:
+        return aredis.Redis.from_url(url, **kwargs)
+    return _cluster_from_url(aredis, url, parsed, **kwargs)
 
 
 def _after_fork_in_child() -> None:

@@ -53,7 +53,11 @@ class RedisServer:
         self.extra_args = list(extra_args or [])
         self.dir = tempfile.mkdtemp(prefix="distlock-redis-")
         self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)  # nothing else will: there is no server
+            raise
 
     @property
     def url(self) -> str:

@@ -20,6 +20,8 @@ from typing import Any, Callable, Dict, List, Optional
 import redis
 import redis.asyncio as aredis
 
+from distlock._config import async_client_from_url
+
 BOUND = 60.0
 _names = itertools.count(1)
 
@@ -60,7 +62,7 @@ class AioRunner:
 
     def client(self, url: str, **kwargs: Any) -> aredis.Redis:
         kwargs.setdefault("client_name", f"aio-test-{next(_names)}")
-        made = aredis.Redis.from_url(url, **kwargs)
+        made = async_client_from_url(url, **kwargs)
         self.clients.append(made)
         return made
 
@@ -156,7 +158,7 @@ def run_in_loop(url: str, body: Callable[[Any], Any], bound: float = 20.0,
     client, before the loop closes."""
     async def main() -> Any:
         kwargs = {} if client_name is None else {"client_name": client_name}
-        aclient = aredis.Redis.from_url(url, **kwargs)
+        aclient = async_client_from_url(url, **kwargs)
         try:
             return await asyncio.wait_for(body(aclient), bound)
         finally:

@@ -18,13 +18,13 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import redis
 from _aio import run_in_loop
 from _sync_workers import _ENTER  # INCR a gauge and raise its high-water mark, in one step
 from faults import _PermitAsLock
 
 import distlock
 import distlock.asyncio as aio
+from distlock._config import client_from_url
 
 #: A worker whose test sends nothing for this long exits.
 IDLE_LIMIT = 60.0
@@ -142,7 +142,7 @@ def count_sync(url: str, kind: str, name: str, counter: str, gauge: str, threads
                reenter: bool, give_up_after: float, conn: Any) -> None:
     """``count_async`` with the blocking classes, in ``threads`` threads of this process
     (each with a lock object of its own; ``reenter``: the holding thread takes it again)."""
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     enter = client.register_script(_ENTER)
     done: List[int] = []
     tokens: List[int] = []
@@ -272,7 +272,7 @@ def sync_waiter(url: str, kind: str, name: str, timeout: float,
                 settings: Optional[Dict[str, float]], conn: Any) -> None:
     """``async_waiter`` with the blocking class of ``kind``, in this process' main thread."""
     configure(settings)
-    lock = make_sync(kind, name, redis.Redis.from_url(url))
+    lock = make_sync(kind, name, client_from_url(url))
     if not _send(conn, "ready", os.getpid()) or _next_order_sync(conn) != "go":
         return
     _send(conn, "waiting")

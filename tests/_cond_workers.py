@@ -10,10 +10,9 @@ import os
 import time
 from typing import Any, Dict, Optional
 
-import redis
-
 import distlock
 from distlock import DistCondition
+from distlock._config import client_from_url
 
 IDLE_LIMIT = 60.0
 
@@ -53,7 +52,7 @@ def waiter(client: Any, cond_name: str, label: str, conn: Any,
 
 def producer(url: str, cond_name: str, counter: str, times: int, pause: float) -> int:
     """``times`` times: under the condition's lock, INCR ``counter`` and notify_all."""
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     cond = DistCondition(cond_name, client=client)
     for _ in range(times):
         with cond:

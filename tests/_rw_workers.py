@@ -10,13 +10,12 @@ import random
 import time
 from typing import Any, List, Optional, Tuple
 
-import redis
-
 import distlock
+from distlock._config import client_from_url
 
 
 def make_rw(url: str, name: str, lease: Optional[float] = None) -> distlock.DistReadWriteLock:
-    return distlock.DistReadWriteLock(name, client=redis.Redis.from_url(url), lease=lease)
+    return distlock.DistReadWriteLock(name, client=client_from_url(url), lease=lease)
 
 
 def read_at_barrier(url: str, name: str, barrier: Any, results: Any) -> None:
@@ -71,7 +70,7 @@ def wait_for_write(url: str, name: str, seq_key: str, timeout: float, hold: floa
     ``seq_key`` (INCR) and hold ``hold`` seconds; report (acquired, seq)."""
     if wait_cap is not None:
         distlock.configure(wait_cap=wait_cap)
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     writer = distlock.DistReadWriteLock(name, client=client).write_lock()
     conn.send("asking")
     ok = writer.acquire(timeout=timeout)
@@ -86,7 +85,7 @@ def wait_for_write(url: str, name: str, seq_key: str, timeout: float, hold: floa
 
 def read_in_sequence(url: str, name: str, seq_key: str, timeout: float) -> int:
     """``read_in_sequence_with`` on a client of its own (for worker processes)."""
-    return read_in_sequence_with(redis.Redis.from_url(url), name, seq_key, timeout)
+    return read_in_sequence_with(client_from_url(url), name, seq_key, timeout)
 
 
 def read_in_sequence_with(client: Any, name: str, seq_key: str, timeout: float) -> int:

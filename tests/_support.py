@@ -8,19 +8,31 @@ import subprocess
 import time
 from typing import Any, Callable, List, Tuple
 
+import redis
+
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 20.0
 
 
+def scan_keys(client: Any, pattern: str) -> List[bytes]:
+    """The keys matching ``pattern`` on the server, or on every master of a cluster, sorted
+    (SCAN, never KEYS)."""
+    if isinstance(client, redis.RedisCluster):
+        return sorted(client.scan_iter(match=pattern, count=1000, target_nodes=redis.RedisCluster.PRIMARIES))
+    return sorted(client.scan_iter(match=pattern, count=1000))
+
+
 def distlock_keys(client: Any) -> List[str]:
-    """Every distlock key on the server, sorted (SCAN, never KEYS)."""
-    return sorted(k.decode() for k in client.scan_iter(match="distlock:*", count=1000))
+    """Every distlock key, sorted (``scan_keys``)."""
+    return [k.decode() for k in scan_keys(client, "distlock:*")]
 
 
 def sem_permits(client: Any, key: str) -> List[Tuple[bytes, float]]:
     """The permits recorded in semaphore key ``key`` (expired ones included, counters left
     out), as (id, lease deadline in server ms), by deadline. A permit taken at rest is scored
     +inf in Redis: its deadline is the key's expiry, read here as the server's time + PTTL."""
+    if isinstance(client, redis.RedisCluster):  # its pipelines refuse TIME: ask the key's node
+        client = client.get_redis_connection(client.nodes_manager.get_node_from_slot(client.keyslot(key)))
     with client.pipeline(transaction=False) as pipe:
         pipe.zrangebyscore(key, 0, "+inf", withscores=True)
         pipe.time()
@@ -74,3 +86,36 @@ def kill(proc: subprocess.Popen[str]) -> None:
         proc.communicate(timeout=10)
     except (subprocess.TimeoutExpired, ValueError):
         pass
+
+
+# --- the same contract on a Redis Cluster ---------------------------------------------------
+
+#: A contract suite's type id with this suffix runs on the session's Redis Cluster
+#: (tests/_cluster.py) instead of the single test server: ``"DistLock@cluster"``.
+ON_CLUSTER = "@cluster"
+
+
+def base_type(type_id: str) -> str:
+    """``type_id`` without its topology suffix."""
+    return type_id[: -len(ON_CLUSTER)] if type_id.endswith(ON_CLUSTER) else type_id
+
+
+def client_for(type_id: str, request: Any) -> Any:
+    """The blocking client a contract test of ``type_id`` talks through (a fixture's: cleaned
+    up after the test)."""
+    return request.getfixturevalue("cluster_client" if type_id.endswith(ON_CLUSTER) else "client")
+
+
+def url_for(type_id: str, request: Any) -> str:
+    """The URL of the server (or cluster) a contract test of ``type_id`` talks to."""
+    return str(request.getfixturevalue("cluster_url" if type_id.endswith(ON_CLUSTER) else "url"))
+
+
+def subscribers(client: Any, channel: str) -> int:
+    """How many connections wait for hints on ``channel``: subscribed to it on the server, or
+    on a cluster subscribed with SSUBSCRIBE on the master of its slot."""
+    if isinstance(client, redis.RedisCluster):
+        node = client.nodes_manager.get_node_from_slot(client.keyslot(channel))
+        reply = client.get_redis_connection(node).execute_command("PUBSUB", "SHARDNUMSUB", channel)
+        return int(reply[1])
+    return int(client.pubsub_numsub(channel)[0][1])

@@ -12,10 +12,9 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-import redis
-
 import distlock
 from distlock import DistBarrier, DistEvent, DistSemaphore
+from distlock._config import client_from_url
 
 IDLE_LIMIT = 60.0
 
@@ -46,7 +45,7 @@ def sem_holder(url: str, name: str, value: int, permits: int, settings: Optional
     """Take ``permits`` permits, send ("held", pid), then hold them until told to release (or
     killed)."""
     _configure(settings)
-    sem = DistSemaphore(name, value, client=redis.Redis.from_url(url))
+    sem = DistSemaphore(name, value, client=client_from_url(url))
     try:
         for _ in range(permits):
             if not sem.acquire(timeout=30.0):
@@ -63,7 +62,7 @@ def sem_holder(url: str, name: str, value: int, permits: int, settings: Optional
 def sem_waiter(url: str, name: str, value: int, timeout: float, conn: Any) -> None:
     """Send ("ready", pid); on "go", send ("waiting",), acquire(timeout), then send ("got", ok)
     and release what it got."""
-    sem = DistSemaphore(name, value, client=redis.Redis.from_url(url))
+    sem = DistSemaphore(name, value, client=client_from_url(url))
     try:
         conn.send(("ready", os.getpid()))
         if _next(conn) != "go":
@@ -80,7 +79,7 @@ def sem_waiter(url: str, name: str, value: int, timeout: float, conn: Any) -> No
 def sem_worker(url: str, name: str, value: int, rounds: int, gauge: str, high: str, conn: Any) -> None:
     """``rounds`` times: acquire, raise the gauge (and its high-water mark), pause, lower it,
     release. Send ("done", rounds completed)."""
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     enter = client.register_script(_ENTER)
     sem = DistSemaphore(name, value, client=client)
     done = 0
@@ -106,7 +105,7 @@ def sem_worker(url: str, name: str, value: int, rounds: int, gauge: str, high: s
 def event_waiter(url: str, name: str, timeout: float, conn: Any) -> None:
     """Send ("ready", pid); per "go": send ("waiting",), wait(timeout), send (result, monotonic
     time it returned). Stops on anything else."""
-    event = DistEvent(name, client=redis.Redis.from_url(url))
+    event = DistEvent(name, client=client_from_url(url))
     try:
         conn.send(("ready", os.getpid()))
         while _next(conn) == "go":
@@ -118,7 +117,7 @@ def event_waiter(url: str, name: str, timeout: float, conn: Any) -> None:
 
 
 def _count_action(url: str, counter: str) -> Any:
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
 
     def action() -> None:
         client.rpush(counter, os.getpid())
@@ -133,7 +132,7 @@ def barrier_party(url: str, name: str, parties: int, generations: int, counter: 
     With ``counter``, the action RPUSHes this pid to that list."""
     _configure(settings)
     action = _count_action(url, counter) if counter else None
-    barrier = DistBarrier(name, parties, action=action, client=redis.Redis.from_url(url))
+    barrier = DistBarrier(name, parties, action=action, client=client_from_url(url))
     indices: List[int] = []
     try:
         conn.send(("ready", os.getpid()))

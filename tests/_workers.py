@@ -7,20 +7,19 @@ import signal
 import time
 from typing import Any, Optional
 
-import redis
-
 import distlock
+from distlock._config import client_from_url
 
 
 def make_lock(kind: str, name: str, url: str, lease: Optional[float] = None) -> Any:
     cls = {"DistLock": distlock.DistLock, "DistRLock": distlock.DistRLock}[kind]
-    return cls(name, client=redis.Redis.from_url(url), lease=lease)
+    return cls(name, client=client_from_url(url), lease=lease)
 
 
 def count_under_lock(url: str, kind: str, name: str, counter: str, n: int, reenter: bool) -> int:
     """Read-modify-write ``counter`` n times under the lock; return how many it did."""
     lock = make_lock(kind, name, url)
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     for _ in range(n):
         with lock:
             if reenter:

@@ -82,8 +82,26 @@ def backend() -> Iterator[Backend]:
 
 
 @pytest.fixture
-def client(backend: Backend) -> Iterator[redis.Redis]:
-    """A client of the test server; everything it made is gone after the test."""
+def topology(request: pytest.FixtureRequest) -> str:
+    """Where ``client`` and ``url`` lead: ``"server"`` (the test server), or ``"cluster"`` (the
+    session's Redis Cluster) for a test marked ``cluster_too``, which runs on both."""
+    return str(getattr(request, "param", "server"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.definition.get_closest_marker("cluster_too") is not None \
+            and metafunc.definition.get_closest_marker("server_only") is None \
+            and "topology" in metafunc.fixturenames:
+        metafunc.parametrize("topology", ["server", "cluster"], indirect=True)
+
+
+@pytest.fixture
+def client(backend: Backend, topology: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A client of the test server (or, for the ``cluster`` topology, a ``redis.RedisCluster``
+    of the session's cluster: ``cluster_client``); everything it made is gone after the test."""
+    if topology == "cluster":
+        yield request.getfixturevalue("cluster_client")
+        return
     before = set(threading.enumerate())
     c = backend.client()
     try:
@@ -102,8 +120,11 @@ def client(backend: Backend) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def url(backend: Backend, client: redis.Redis) -> str:
-    """The test server's URL, for code that runs in other processes (real server only)."""
+def url(backend: Backend, client: redis.Redis, topology: str, request: pytest.FixtureRequest) -> str:
+    """The test server's URL (or the cluster's), for code that runs in other processes (real
+    server only)."""
+    if topology == "cluster":
+        return str(request.getfixturevalue("cluster").url)
     if backend.url is None:
         pytest.skip("needs a real redis-server: other processes cannot reach fakeredis")
     return backend.url
@@ -133,10 +154,14 @@ def children() -> Iterator[Children]:
 
 
 def _wait_threads_gone(before: set[threading.Thread], timeout: float = 5.0) -> None:
+    """Every distlock thread the test started is gone. The reaper is not waited for: it
+    retires sessions ``RETIRE_AFTER`` (1 s) after their last user left, and exits by itself
+    (tests/test_sessions.py and test_lifetimes.py check that); waiting for it cost every test
+    that made a session a second."""
     deadline = time.monotonic() + timeout
     while True:
         extra = [t for t in threading.enumerate() if t not in before and t.is_alive()
-                 and t.name.startswith("distlock-")]
+                 and t.name.startswith("distlock-") and t.name != "distlock-reaper"]
         if not extra or time.monotonic() > deadline:
             break
         time.sleep(0.01)
@@ -204,6 +229,12 @@ def cluster_client(cluster: Any) -> Iterator[redis.RedisCluster]:
             c.close()
             _config.reset_settings()
         _wait_threads_gone(before)
+
+
+@pytest.fixture
+def cluster_url(cluster: Any, cluster_client: Any) -> str:
+    """The session's cluster as a ``redis+cluster://`` URL (cleaned up as ``cluster_client``)."""
+    return str(cluster.url)
 
 
 @pytest.fixture

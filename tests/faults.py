@@ -36,6 +36,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 import redis
 
 import distlock
+from distlock._config import client_from_url
 
 # --- the parametrization table --------------------------------------------------------------
 
@@ -550,7 +551,7 @@ def _holder_main(url: str, kind: str, name: str, lease: Optional[float],
     ``value`` is a semaphore's (``kind`` in ``SEMAPHORES``)."""
     if settings:
         distlock.configure(**settings)  # type: ignore[arg-type]
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     lock = make_holdable(kind, name, client, lease, value)
     lock.on_lost(lambda _lock: events.put(("on_lost", time.monotonic())))
     acquired = lock.acquire(timeout=30)
@@ -678,7 +679,7 @@ def _checker_main(url: str, kind: str, name: str, holds: int, lease: Optional[fl
     if settings:
         distlock.configure(**settings)  # type: ignore[arg-type]
     rng = random.Random(seed)
-    client = redis.Redis.from_url(url)
+    client = client_from_url(url)
     lock = make_holdable(kind, name, client, lease)
     while time.monotonic() < start_at:
         time.sleep(0.005)

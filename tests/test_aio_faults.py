@@ -136,6 +136,7 @@ def _lost_recorder(runner: Any, into: List[Any]) -> Callable[[Any], None]:
 
 # --- 1. holder process killed with SIGKILL ----------------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("lease", [1.0, None], ids=["explicit-lease", "watchdog"])
 @pytest.mark.parametrize("kind", [*KINDS, "DistSemaphore"])
 def test_1_sigkilled_async_holder_frees_after_lease_never_before(
@@ -181,6 +182,7 @@ def test_1_sigkilled_async_holder_frees_after_lease_never_before(
 
 # --- 2. holder process stopped past its lease, then continued --------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("lease", [1.0, None], ids=["explicit-lease", "watchdog"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_2_sigstopped_async_holder_past_lease_then_sigcont(
@@ -559,6 +561,7 @@ def test_5_watchdog_reports_a_lease_lost_in_a_blackhole(client: Any, proxy: Faul
 
 # --- 6. SCRIPT FLUSH in the middle of a run ---------------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", KINDS)
 def test_6_script_flush_mid_run(url: str, client: Any, aio: Any, kind: str) -> None:
     """Scripts flushed every 10 ms while three tasks take turns and a fourth hold is renewed:

@@ -26,7 +26,7 @@ import redis.asyncio as aredis
 import test_event as _event_suite
 import test_semaphore as _sem_suite
 from _aio import SyncView, keys, run_in_loop
-from _support import outcome
+from _support import outcome, url_for
 
 import distlock
 import distlock.asyncio as aio
@@ -140,12 +140,13 @@ class TestAioSemaphoreContract(_sem_suite.SemaphoreContract):
     """The semaphores' threading contract, where asyncio's semantics agree (each test thread is
     one task)."""
 
-    semtypes = ("aio.DistSemaphore", "aio.DistBoundedSemaphore")
+    semtypes = ("aio.DistSemaphore", "aio.DistBoundedSemaphore", "aio.DistSemaphore@cluster",
+                "aio.DistBoundedSemaphore@cluster")
 
     @pytest.fixture
     def semtype(self, type_id: str, request: pytest.FixtureRequest) -> _sem_suite.SemType:
         runner = request.getfixturevalue("aio")
-        aclient = runner.client(request.getfixturevalue("url"))
+        aclient = runner.client(url_for(type_id, request))
         bounded = "Bounded" in type_id
         cls = aio.DistBoundedSemaphore if bounded else aio.DistSemaphore
         twin = threading.BoundedSemaphore if bounded else threading.Semaphore
@@ -180,12 +181,12 @@ class TestAioSemaphoreContract(_sem_suite.SemaphoreContract):
 class TestAioEventContract(_event_suite.EventContract):
     """The event's threading contract, where asyncio's semantics agree."""
 
-    eventtypes = ("aio.DistEvent",)
+    eventtypes = ("aio.DistEvent", "aio.DistEvent@cluster")
 
     @pytest.fixture
     def make(self, type_id: str, request: pytest.FixtureRequest) -> Callable[[], Any]:
         runner = request.getfixturevalue("aio")
-        aclient = runner.client(request.getfixturevalue("url"))
+        aclient = runner.client(url_for(type_id, request))
         return lambda: SyncView(aio.DistEvent(_name("aio-ev"), client=aclient), runner)
 
     def test_repr(self, make: Callable[[], Any]) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import _sync_workers
 import pytest
 from _procs import Children, recv
-from _support import BOUND, outcome
+from _support import BOUND, client_for, outcome
 from _support import distlock_keys as _keys
 from _support import until as _until
 
@@ -73,13 +73,13 @@ def _n_waiting(barrier: Any, n: int) -> Callable[[], bool]:
 
 class BarrierContract:
     __test__ = True
-    barriertypes = ("threading.Barrier", "DistBarrier")
+    barriertypes = ("threading.Barrier", "DistBarrier", "DistBarrier@cluster")
 
     @pytest.fixture
     def make(self, type_id: str, request: pytest.FixtureRequest) -> Callable[..., Any]:
         if type_id == "threading.Barrier":
             return threading.Barrier
-        client = request.getfixturevalue("client")
+        client = client_for(type_id, request)
         return lambda *args, **kwargs: DistBarrier(_name(), *args, client=client, **kwargs)
 
     def test_repr_and_properties(self, make: Callable[..., Any]) -> None:

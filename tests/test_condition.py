@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import _cond_workers
 import pytest
+from _support import scan_keys
 from redis.crc import key_slot
 
 import distlock
@@ -47,7 +48,7 @@ def _join(threads: List[threading.Thread]) -> None:
 
 
 def _keys(client: Any) -> Set[bytes]:
-    return set(client.scan_iter(match="distlock:*", count=1000))
+    return set(scan_keys(client, "distlock:*"))
 
 
 # --- a crowd of waiters, in threads or processes ----------------------------------------------
@@ -155,6 +156,7 @@ CONDITION_IDS = ["threading.Condition", "DistCondition", "DistCondition(DistLock
                  "DistCondition(threading.Lock)"]
 
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_misuse_wording(client: Any, kind: str) -> None:
     cond = _conditions(client)[kind]()
@@ -170,6 +172,7 @@ def test_misuse_wording(client: Any, kind: str) -> None:
         cond.wait_for(lambda: False)
 
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_misuse_from_another_thread(client: Any, kind: str) -> None:
     """Held by one thread, a reentrant lock is not another thread's (a plain Lock is anyone's)."""
@@ -263,6 +266,7 @@ def _collect(results: queue.Queue[Any], count: int) -> List[Any]:
     return [results.get(timeout=BOUND) for _ in range(count)]
 
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 @pytest.mark.parametrize("n,woken", [(1, 1), (2, 2), (1.5, 2), (0, 0), (-1, 0), (math.nan, 0),
                                      (7, 3), (math.inf, 3)])
@@ -285,6 +289,7 @@ def test_notify_n_wakes_oldest(client: Any, kind: str, n: Any, woken: int) -> No
     assert sorted(_collect(results, 3 - woken)) == [(f"w{i}", True) for i in range(woken, 3)]
 
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_notify_bad_type_with_waiters(client: Any, kind: str) -> None:
     cond = _conditions(client)[kind]()
@@ -300,6 +305,7 @@ def test_notify_bad_type_with_waiters(client: Any, kind: str) -> None:
         _join(threads)
 
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_wait_returns_false_on_timeout(client: Any, kind: str) -> None:
     cond = _conditions(client)[kind]()

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import redis
 from _aio import SyncView
-from _support import outcome
+from _support import base_type, client_for, distlock_keys, outcome, url_for
 
 import distlock.asyncio as aio
 from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
@@ -63,8 +63,8 @@ def _locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
         return LockType(type_id, threading.RLock, True, False, threading.RLock, lambda lock: lock)
     if type_id.startswith("aio."):
         return _aio_locktype(type_id, request)
-    client = request.getfixturevalue("client")
-    cls = {"DistLock": DistLock, "DistRLock": DistRLock}[type_id]
+    client = client_for(type_id, request)
+    cls = {"DistLock": DistLock, "DistRLock": DistRLock}[base_type(type_id)]
     return LockType(
         type_id,
         threading.Lock if cls is DistLock else threading.RLock,
@@ -81,9 +81,9 @@ def _aio_locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
     thread is one task, so the contract holds as it does for threads wherever asyncio's
     semantics agree with threading's."""
     runner = request.getfixturevalue("aio")
-    url = request.getfixturevalue("url")
+    url = url_for(type_id, request)
     aclient = runner.client(url)
-    cls = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[type_id]
+    cls = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[base_type(type_id)]
     return LockType(
         type_id,
         threading.Lock if cls is aio.DistLock else threading.RLock,
@@ -91,7 +91,7 @@ def _aio_locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
         True,
         lambda: SyncView(cls(_unique(type_id), client=aclient), runner),
         lambda lock: SyncView(cls(lock.name, client=aclient), runner),
-        request.getfixturevalue("client"),  # to look at the keys
+        client_for(type_id, request),  # to look at the keys
     )
 
 
@@ -463,7 +463,7 @@ class LockContract(BaseLockContract):
     """``threading.Lock`` semantics: not reentrant, released by any thread."""
 
     __test__ = True
-    locktypes = ("threading.Lock", "DistLock", "aio.DistLock")
+    locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
         lock = locktype()
@@ -508,7 +508,8 @@ class RLockContract(BaseLockContract):
     """``threading.RLock`` semantics: reentrant, owned by one thread."""
 
     __test__ = True
-    locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock")
+    locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock", "DistRLock@cluster",
+                 "aio.DistRLock@cluster")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()
@@ -665,7 +666,8 @@ class DistLockContract:
     """Extras of DistLock and DistRLock: tokens, ownership, leases, argument checks, keys."""
 
     __test__ = True
-    locktypes = ("DistLock", "DistRLock", "aio.DistLock", "aio.DistRLock")
+    locktypes = ("DistLock", "DistRLock", "aio.DistLock", "aio.DistRLock",
+                 "DistLock@cluster", "DistRLock@cluster", "aio.DistLock@cluster", "aio.DistRLock@cluster")
 
     @pytest.fixture
     def locktype(self, type_id: str, request: pytest.FixtureRequest) -> LockType:
@@ -674,14 +676,14 @@ class DistLockContract:
     @pytest.fixture
     def cls(self, type_id: str, request: pytest.FixtureRequest) -> Any:
         if not type_id.startswith("aio."):
-            return {"DistLock": DistLock, "DistRLock": DistRLock}[type_id]
+            return {"DistLock": DistLock, "DistRLock": DistRLock}[base_type(type_id)]
         runner = request.getfixturevalue("aio")
-        aclient = runner.client(request.getfixturevalue("url"))
-        real = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[type_id]
+        aclient = runner.client(url_for(type_id, request))
+        real = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[base_type(type_id)]
 
         def make(name: Any, *args: Any, client: Any = None, **kwargs: Any) -> Any:
             # the tests pass the blocking client of the test server: use its asyncio twin
-            if isinstance(client, redis.Redis):
+            if isinstance(client, (redis.Redis, redis.RedisCluster)):
                 client = aclient
             return SyncView(real(name, *args, client=client, **kwargs), runner)
         return make
@@ -734,14 +736,14 @@ class DistLockContract:
             lock.acquire()
             lock.release()
         lock.release()
-        keys = sorted(k.decode() for k in locktype.client.keys("distlock:*"))
+        keys = distlock_keys(locktype.client)
         assert keys == [f"distlock:{{{lock.name}}}:fence"]
 
     def test_only_fence_key_after_timed_out_wait(self, locktype: LockType) -> None:
         lock = locktype()
         with held_by_another_thread(locktype.same(lock)):
             assert lock.acquire(timeout=0.1) is False
-        keys = sorted(k.decode() for k in locktype.client.keys("distlock:*"))
+        keys = distlock_keys(locktype.client)
         assert keys == [f"distlock:{{{lock.name}}}:fence"]
 
     def test_repr_names_the_lock(self, locktype: LockType) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List
 import _sync_workers
 import pytest
 from _procs import Children, recv
-from _support import BOUND, outcome
+from _support import BOUND, client_for, outcome
 from _support import distlock_keys as _keys
 from _support import until as _until
 
@@ -75,13 +75,13 @@ def _registered(event: Any, count: int) -> Callable[[], bool]:
 
 class EventContract:
     __test__ = True
-    eventtypes = ("threading.Event", "DistEvent")
+    eventtypes = ("threading.Event", "DistEvent", "DistEvent@cluster")
 
     @pytest.fixture
     def make(self, type_id: str, request: pytest.FixtureRequest) -> Callable[[], Any]:
         if type_id == "threading.Event":
             return threading.Event
-        client = request.getfixturevalue("client")
+        client = client_for(type_id, request)
         return lambda: DistEvent(_name(), client=client)
 
     def test_repr(self, make: Callable[[], Any]) -> None:

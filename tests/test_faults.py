@@ -32,7 +32,7 @@ from redis.retry import Retry
 import distlock
 from distlock import LockLostError, LockNotOwnedError
 from distlock._server import RedisServer
-from distlock._session import session_for
+from distlock._session import reset_sessions, session_for
 
 KINDS = sorted(PRIMITIVES)
 
@@ -54,7 +54,12 @@ def proxy(backend: Any, url: str) -> Iterator[FaultProxy]:
     assert backend.server is not None or url
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     with FaultProxy(port) as px:
-        yield px
+        try:
+            yield px
+        finally:
+            # the sessions close while the proxy still answers: their connections close at once
+            # instead of waiting out a blackhole or a dead peer
+            reset_sessions()
 
 
 @pytest.fixture
@@ -185,6 +190,7 @@ def waited_channel(session: Any, name: str) -> Optional[str]:
 
 # --- 1. holder killed with SIGKILL -------------------------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.real_redis
 @pytest.mark.parametrize("lease", [1.0, None], ids=["explicit-lease", "watchdog"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -215,6 +221,7 @@ def test_1_sigkill_holder_frees_after_lease_never_before(
 
 # --- 2. holder stopped past its lease, then continued ------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.real_redis
 @pytest.mark.parametrize("lease", [1.0, None], ids=["explicit-lease", "watchdog"])
 @pytest.mark.parametrize("kind", KINDS)
@@ -507,6 +514,7 @@ def test_5_watchdog_reports_a_lease_lost_in_a_blackhole(client: Any, proxy: Faul
 
 # --- 6. SCRIPT FLUSH in the middle of a run ---------------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", KINDS)
 def test_6_script_flush_mid_run(client: Any, kind: str) -> None:
     distlock.configure(**FAST)
@@ -645,6 +653,7 @@ def test_8_pool_exhausted_watchdog_renews_or_reports(url: str, client: Any, kind
 
 # --- 9. mutual-exclusion checker -----------------------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.real_redis
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", CHECKED)
@@ -671,6 +680,7 @@ def test_9_mutual_exclusion_8_processes(url: str, client: Any, tmp_path: Any, ki
     assert all(w.accepted for w in res.log()), "a write by the current holder was refused"
 
 
+@pytest.mark.cluster_too
 @pytest.mark.real_redis
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", CHECKED)
@@ -732,6 +742,7 @@ def test_9_mutual_exclusion_with_sigstops(url: str, client: Any, tmp_path: Any, 
 
 # --- 10. pre-fork servers -----------------------------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.real_redis
 @pytest.mark.parametrize("kind", KINDS)
 def test_10_prefork_children_cannot_release_parents_hold(client: Any, kind: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import _rw_workers
 import pytest
+from _support import scan_keys, subscribers
 
 import distlock
 from distlock import DistReadWriteLock, LockLostError, LockNotOwnedError
@@ -25,6 +26,9 @@ from distlock._logic import Keys
 from distlock._rwlock import DistReadLock, DistWriteLock
 from distlock._rwlogic import UPGRADE_REFUSED, RWKeys, writer_entry_ms
 from distlock._scripts import script_names
+
+#: the whole contract runs on the test server and on the session's Redis Cluster
+pytestmark = pytest.mark.cluster_too
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -90,7 +94,7 @@ def _stop(procs: List[Any]) -> None:
 
 
 def _left(client: Any, name: str) -> List[bytes]:
-    return sorted(client.keys(f"distlock:{{{name}}}*"))
+    return scan_keys(client, f"distlock:{{{name}}}*")
 
 
 def _only_fence(name: str) -> List[bytes]:
@@ -405,7 +409,7 @@ def test_downgrade_keeps_the_read_lock_and_wakes_readers(client: Any) -> None:
 
     thread = _start(reader)
     try:
-        _wait_until(lambda: client.pubsub_numsub(_keys("downgrade").reader_channel)[0][1] >= 1,
+        _wait_until(lambda: subscribers(client, _keys("downgrade").reader_channel) >= 1,
                     "the reader to wait")
         assert not got_in.is_set()
         w.release()  # downgrade: still a reader, and the waiting reader is let in
@@ -496,13 +500,13 @@ def _preference_run(client: Any, url: Optional[str], name: str, writer_in: str, 
             pool = SPAWN.Pool(n_readers)
             pending = pool.starmap_async(_rw_workers.read_in_sequence,
                                          [(url, name, seq_key, 60.0)] * n_readers)
-            subscribers = n_readers
+            n_subscribers = n_readers
         else:
             def read() -> None:
                 reader_seqs.append(_rw_workers.read_in_sequence_with(client, name, seq_key, 60.0))
             threads.extend(_start(read) for _ in range(n_readers))
-            subscribers = 1
-        _wait_until(lambda: client.pubsub_numsub(keys.reader_channel)[0][1] >= subscribers,
+            n_subscribers = 1
+        _wait_until(lambda: subscribers(client, keys.reader_channel) >= n_subscribers,
                     "the late readers to wait", timeout=60)
         time.sleep(0.1)
         assert int(client.get(seq_key) or 0) == 0  # nobody got in yet
@@ -527,6 +531,7 @@ def _preference_run(client: Any, url: Optional[str], name: str, writer_in: str, 
     return writer_seq[0][1], reader_seqs
 
 
+@pytest.mark.server_only  # its workers reach the server through ``backend``
 @pytest.mark.parametrize("writer_in,readers_in", [
     ("thread", "thread"),
     pytest.param("process", "process", marks=pytest.mark.real_redis),
@@ -639,7 +644,9 @@ def test_dead_waiting_writer_stops_blocking_readers(url: str, client: Any) -> No
         _stop([proc])
         if first.owned():
             first.release()
-    assert _left(client, name) == _only_fence(name)
+    # the dead writer's queue expires with its entry (give or take the milliseconds between
+    # the two deadlines)
+    _wait_until(lambda: _left(client, name) == _only_fence(name), "the dead writer's queue to go", 5.0)
 
 
 @pytest.mark.real_redis
@@ -770,7 +777,7 @@ def test_write_release_wakes_every_waiting_reader(client: Any) -> None:
 
     threads = [_start(reader) for _ in range(n)]
     try:
-        _wait_until(lambda: client.pubsub_numsub(_keys(name).reader_channel)[0][1] >= 1,
+        _wait_until(lambda: subscribers(client, _keys(name).reader_channel) >= 1,
                     "the readers to wait")
         time.sleep(0.3)
     finally:
@@ -836,6 +843,7 @@ def test_nothing_left_after_mixed_use(client: Any) -> None:
 
 
 @pytest.mark.real_redis
+@pytest.mark.server_only  # the example takes a plain redis:// URL
 def test_cache_refresh_example_runs(url: str, client: Any) -> None:
     """docs/examples/cache_refresh.py: readers never see a half-written value; exit status 0."""
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

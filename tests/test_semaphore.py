@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import _sync_workers
 import pytest
 from _procs import Children, recv
-from _support import BOUND, outcome, sem_permits
+from _support import BOUND, client_for, outcome, sem_permits
 from _support import distlock_keys as _keys
 from _support import until as _until
 
@@ -63,7 +63,7 @@ def _semtype(type_id: str, request: pytest.FixtureRequest) -> SemType:
     twin = threading.BoundedSemaphore if "Bounded" in type_id else threading.Semaphore
     if type_id.startswith("threading."):
         return SemType(type_id, twin is threading.BoundedSemaphore, False, twin, twin, twin)
-    client = request.getfixturevalue("client")
+    client = client_for(type_id, request)
     cls = DistBoundedSemaphore if "Bounded" in type_id else DistSemaphore
     return SemType(type_id, cls is DistBoundedSemaphore, True,
                    lambda value: cls(_name(type_id), value, client=client), twin,
@@ -108,7 +108,8 @@ class SemaphoreContract:
 
     __test__ = True
     semtypes = ("threading.Semaphore", "threading.BoundedSemaphore",
-                "DistSemaphore", "DistBoundedSemaphore")
+                "DistSemaphore", "DistBoundedSemaphore",
+                "DistSemaphore@cluster", "DistBoundedSemaphore@cluster")
 
     @pytest.fixture
     def semtype(self, type_id: str, request: pytest.FixtureRequest) -> SemType:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
+import weakref
 from typing import Any, Dict, List
 
 import pytest
@@ -129,3 +131,29 @@ def test_retiring_a_session_never_closes_the_users_busy_connections(url: str, cl
     assert settle(lambda: not any(s.client.connection_pool is pool for s in all_sessions()
                                   if not s.closed), 10.0)
     pool.disconnect()
+
+
+@pytest.mark.real_redis
+def test_the_reaper_retires_a_session_and_exits(backend: Any) -> None:
+    """The conftest's per-test thread check leaves the reaper out (it would cost each test a
+    second): this is where it is checked. Once a client is gone, its session is retired and the
+    reaper thread ends by itself."""
+    before = set(threading.enumerate())
+    sessions = len(all_sessions())
+    made = backend.client()
+    with DistLock("reaper-check", client=made):
+        pass
+    assert len(all_sessions()) == sessions + 1
+    ref = weakref.ref(made)
+    del made
+    gc.collect()
+    assert ref() is None
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        left = [t for t in threading.enumerate() if t not in before and t.is_alive()
+                and t.name.startswith("distlock-")]
+        if not left and len(all_sessions()) == sessions:
+            break
+        time.sleep(0.05)
+    assert len(all_sessions()) == sessions, "the session was not retired"
+    assert not left, f"threads left behind: {left}"
