@@ -568,3 +568,35 @@ def test_a_blocking_cluster_client_given_to_asyncio_names_the_right_class(cluste
     aclient = aredis.RedisCluster(host="127.0.0.1", port=1)  # not connected: only its type matters
     with pytest.raises(TypeError, match="distlock.asyncio.DistLock"):
         DistLock("x", client=aclient)
+
+
+def test_servers_without_sharded_pubsub_get_publish_and_subscribe(
+        cluster: Any, cluster_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before Redis 7.0 there is no SPUBLISH: the scripts announce with PUBLISH and the node
+    dispatchers SUBSCRIBE (on the slot's master: a cluster forwards PUBLISH to every node)."""
+    import distlock._executor_cluster as executor_cluster
+
+    monkeypatch.setattr(executor_cluster, "_has_sharded_pubsub", lambda client: False)
+    client = cluster.client()
+    try:
+        name = _name("publish")
+        holder, waiter = DistLock(name, client=cluster_client), DistLock(name, client=client)
+        assert holder.acquire()
+        session = _session_of_new(client, waiter)
+        assert not session.executor.sharded
+        assert "spublish" not in session.executor.scripts["lock_release"].script
+        got: List[bool] = []
+        thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=BOUND)))
+        thread.start()
+        deadline = time.monotonic() + BOUND
+        while time.monotonic() < deadline and not session.dispatcher.subscribed():
+            time.sleep(0.02)
+        channel = session.dispatcher.subscribed()[0]
+        node = cluster.master_of_key(channel)
+        assert cluster.node_client(node).pubsub_numsub(channel)[0][1] == 1  # SUBSCRIBE, not SSUBSCRIBE
+        holder.release()
+        thread.join(BOUND)
+        assert got == [True]
+        waiter.release()
+    finally:
+        client.close()
