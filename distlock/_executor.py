@@ -42,7 +42,7 @@ from ._config import settings
 from ._scripts import locate, script_names, script_source
 
 __all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "executor_for", "sender", "packer",
-           "taker", "located"]
+           "taker", "located", "disconnect_quietly"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
 #: plus the pub/sub and watchdog ones).
@@ -149,14 +149,14 @@ class Executor:
             twin = renewer(self.client, interval)
             self._renewer = (interval, self.client if twin is None else twin)
             if current is not None and current[1] is not self.client:
-                _disconnect(current[1])
+                disconnect_quietly(current[1])
         return Batch(self.scripts, self._renewer[1])
 
     def drop_renewal(self) -> None:
         """Close the watchdog's own connection (it is made again when needed)."""
         current, self._renewer = self._renewer, None
         if current is not None and current[1] is not self.client:
-            _disconnect(current[1])
+            disconnect_quietly(current[1])
 
     def pubsub(self) -> Any:
         """A new pub/sub connection (redis-py's PubSub) for the session's dispatcher."""
@@ -204,7 +204,8 @@ class Batch:
         return replies
 
 
-def _disconnect(client: Any) -> None:
+def disconnect_quietly(client: Any) -> None:
+    """Close every connection of ``client``'s pool, whatever state it is in."""
     try:
         client.connection_pool.disconnect()
     except Exception:  # noqa: BLE001 - it is being thrown away

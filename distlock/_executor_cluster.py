@@ -35,7 +35,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptErr
 
 from ._clients import renewer
 from ._config import settings
-from ._executor import Batch, Executor, located, packer, taker
+from ._executor import Batch, Executor, disconnect_quietly, located, packer, taker
 from ._scripts import script_names, script_source
 
 __all__ = ["ClusterExecutor", "ClusterBatch", "REDIRECTS", "REDIRECT_BOUND", "is_cluster"]
@@ -180,7 +180,7 @@ class ClusterExecutor(Executor):
         known = self._renewers.get(node.name)
         if known is None or known[0] != interval:
             if known is not None:
-                _disconnect(known[1])
+                disconnect_quietly(known[1])
             twin = renewer(self.node_client(node), interval)
             if twin is None:
                 raise TypeError(f"distlock: cannot make the watchdog's connection to {node.name}")
@@ -194,7 +194,7 @@ class ClusterExecutor(Executor):
     def drop_renewal(self) -> None:
         renewers, self._renewers = self._renewers, {}
         for _, twin in renewers.values():
-            _disconnect(twin)
+            disconnect_quietly(twin)
 
     def pubsub(self) -> Any:
         raise TypeError("a cluster has one pub/sub connection per node: see dispatcher()")
@@ -342,11 +342,4 @@ class ClusterBatch(Batch):
                 reply = located(name, reply)
             replies.append(reply)
         return replies
-
-
-def _disconnect(client: Any) -> None:
-    try:
-        client.connection_pool.disconnect()
-    except Exception:  # noqa: BLE001 - it is being thrown away
-        pass
 

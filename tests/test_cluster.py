@@ -13,7 +13,7 @@ import multiprocessing
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import pytest
 import redis
@@ -53,6 +53,25 @@ def _session_of(client: Any) -> Any:
         if isinstance(session.executor, ClusterExecutor) and session.serves(client):
             return session
     raise AssertionError("no cluster session")
+
+
+def _held(client: Any, prefix: str, lease: float, renew_interval: float) -> Tuple[Any, str, List[float]]:
+    """With ``configure(lease, renew_interval)``: a DistLock of a fresh name, held through
+    ``client``; its lock key; and the times (monotonic) its ``on_lost`` callbacks ran."""
+    distlock.configure(lease=lease, renew_interval=renew_interval)
+    name = _name(prefix)
+    lock = DistLock(name, client=client)
+    lost_at: List[float] = []
+    lock.on_lost(lambda _: lost_at.append(time.monotonic()))
+    assert lock.acquire()
+    return lock, _lock_key(name), lost_at
+
+
+def _until(check: Callable[[], Any], bound: float) -> bool:
+    deadline = time.monotonic() + bound
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return bool(check())
 
 
 def _session_of_new(client: Any, primitive: Any) -> Any:
@@ -317,13 +336,8 @@ def test_a_held_lock_survives_a_resharding_of_its_slot(cluster: Any, healthy_clu
     client = cluster.client()
     other = cluster.client()
     try:
-        distlock.configure(lease=2.0, renew_interval=0.4)
-        name = _name("reshard")
-        key = _lock_key(name)
-        lock = DistLock(name, client=client)
-        lost: List[Any] = []
-        lock.on_lost(lost.append)
-        assert lock.acquire()
+        lock, key, lost = _held(client, "reshard", 2.0, 0.4)
+        name = lock.name
         source = cluster.master_of_key(key)
         target = next(m for m in cluster.masters() if m != source)
         cluster.reshard_slot(client.keyslot(key), target)
@@ -345,18 +359,12 @@ def test_a_bare_setslot_drops_the_hold_and_the_holder_is_told(cluster: Any, heal
     the hold is gone, the next renewal finds so, and ``on_lost`` fires within one lease."""
     client = cluster.client()
     try:
-        distlock.configure(lease=2.0, renew_interval=0.4)
-        name = _name("bare")
-        key = _lock_key(name)
-        lock = DistLock(name, client=client)
-        lost = threading.Event()
-        lock.on_lost(lambda _: lost.set())
-        assert lock.acquire()
+        lock, key, lost_at = _held(client, "bare", 2.0, 0.4)
         source = cluster.master_of_key(key)
         target = next(m for m in cluster.masters() if m != source)
         cluster.setslot_bare(client.keyslot(key), target)
-        assert lost.wait(2.0 + 1.0), "on_lost did not fire within one lease"
-        other = DistLock(name, client=client)
+        assert _until(lambda: lost_at, 2.0 + 1.0), "on_lost did not fire within one lease"
+        other = DistLock(lock.name, client=client)
         assert other.acquire(timeout=BOUND)  # the slot's new owner has no such hold
         other.release()
         with pytest.raises(distlock.LockLostError):
@@ -385,13 +393,8 @@ def test_a_failover_under_a_hold_it_survives_keeps_it(cluster: Any, healthy_clus
     and the lock works as before afterwards."""
     client, other = cluster.client(), cluster.client()
     try:
-        distlock.configure(lease=10.0, renew_interval=0.5)
-        name = _name("failover-kept")
-        key = _lock_key(name)
-        lock = DistLock(name, client=client)
-        lost = threading.Event()
-        lock.on_lost(lambda _: lost.set())
-        assert lock.acquire()
+        lock, key, lost_at = _held(client, "failover-kept", 10.0, 0.5)
+        name = lock.name
         master = cluster.master_of_key(key)
         assert cluster.node_client(master).execute_command("WAIT", 1, 2000) == 1
         cluster.kill(master)
@@ -400,7 +403,7 @@ def test_a_failover_under_a_hold_it_survives_keeps_it(cluster: Any, healthy_clus
         while time.monotonic() < deadline:
             assert not _try(rival, 0.5), "a second holder during the failover"
         assert cluster.wait_failover(master, 30.0) != master
-        assert not lost.is_set() and lock.owned()
+        assert not lost_at and lock.owned()
         assert client.exists(key)
         assert not _try(rival, 0.3)
         lock.release()
@@ -419,13 +422,8 @@ def test_a_failover_longer_than_the_lease_reports_the_hold_lost_in_time(
     the promoted replica; the old holder's release raises LockLostError."""
     client, other = cluster.client(), cluster.client()
     try:
-        distlock.configure(lease=1.0, renew_interval=0.2)
-        name = _name("failover-lost")
-        key = _lock_key(name)
-        lock = DistLock(name, client=client)
-        lost_at: List[float] = []
-        lock.on_lost(lambda _: lost_at.append(time.monotonic()))
-        assert lock.acquire()
+        lock, key, lost_at = _held(client, "failover-lost", 1.0, 0.2)
+        name = lock.name
         master = cluster.master_of_key(key)
         killed = time.monotonic()
         cluster.kill(master)
