@@ -111,11 +111,13 @@ def url_for(type_id: str, request: Any) -> str:
     return str(request.getfixturevalue("cluster_url" if type_id.endswith(ON_CLUSTER) else "url"))
 
 
-def subscribers(client: Any, channel: str) -> int:
-    """How many connections wait for hints on ``channel``: subscribed to it on the server, or
-    on a cluster subscribed with SSUBSCRIBE on the master of its slot."""
+def subscribers(client: Any, channel: str, sharded: bool = False) -> int:
+    """How many connections wait for hints on ``channel``: subscribed to it on the server (with
+    SSUBSCRIBE when ``sharded``), or on a cluster subscribed with SSUBSCRIBE on the master of its
+    slot."""
     if isinstance(client, redis.RedisCluster):
-        node = client.nodes_manager.get_node_from_slot(client.keyslot(channel))
-        reply = client.get_redis_connection(node).execute_command("PUBSUB", "SHARDNUMSUB", channel)
-        return int(reply[1])
+        client = client.get_redis_connection(client.nodes_manager.get_node_from_slot(client.keyslot(channel)))
+        sharded = True
+    if sharded:
+        return int(client.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
     return int(client.pubsub_numsub(channel)[0][1])

@@ -18,6 +18,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 import redis
 import redis.asyncio as aredis
+from _support import subscribers
 
 import distlock
 import distlock.asyncio as aio
@@ -332,23 +333,36 @@ def test_a_release_waits_out_a_migration_and_runs_on_the_new_owner(
 
 def test_a_held_lock_survives_a_resharding_of_its_slot(cluster: Any, healthy_cluster: Any) -> None:
     """``redis-cli``-style resharding migrates the keys: the holder keeps its hold (its
-    renewals follow MOVED), a waiter gets the lock once it is released, never before."""
+    renewals follow MOVED); a waiter that waited through it is woken by the old owner's
+    ``sunsubscribe``, subscribes again on the new owner, and gets the lock once it is
+    released, never before."""
     client = cluster.client()
     other = cluster.client()
     try:
         lock, key, lost = _held(client, "reshard", 2.0, 0.4)
-        name = lock.name
         source = cluster.master_of_key(key)
         target = next(m for m in cluster.masters() if m != source)
+        waiter = DistLock(lock.name, client=other)
+        session = _session_of_new(other, waiter)
+        got: List[float] = []
+        thread = threading.Thread(
+            target=lambda: waiter.acquire(timeout=BOUND) and got.append(time.monotonic()))
+        thread.start()
+        assert _until(session.dispatcher.subscribed, BOUND)
+        channel = session.dispatcher.subscribed()[0]
+        assert subscribers(cluster.node_client(source), channel, sharded=True) == 1
         cluster.reshard_slot(client.keyslot(key), target)
         assert cluster.master_of_key(key) == target
+        # the waiter moved: subscribed on the new owner, no longer on the old one
+        assert _until(lambda: subscribers(cluster.node_client(target), channel, sharded=True) == 1, BOUND)
+        assert subscribers(cluster.node_client(source), channel, sharded=True) == 0
         time.sleep(2.5)  # more than a lease: kept only by renewals on the new owner
-        assert not lost and lock.owned()
-        rival = DistLock(name, client=other)
-        assert not rival.acquire(timeout=0.3)  # no two holders
+        assert not lost and lock.owned() and not got  # no two holders
+        released = time.monotonic()
         lock.release()
-        assert rival.acquire(timeout=BOUND)
-        rival.release()
+        thread.join(BOUND)
+        assert got and got[0] - released < 5.0  # woken on the new owner, not only by its bound
+        waiter.release()
     finally:
         client.close()
         other.close()
@@ -598,3 +612,44 @@ def test_servers_without_sharded_pubsub_get_publish_and_subscribe(
         waiter.release()
     finally:
         client.close()
+
+
+def _evalsha_calls(cluster: Any) -> int:
+    total = 0
+    for master in cluster.masters():
+        stats = cluster.node_client(master).info("commandstats")
+        total += int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+    return total
+
+
+def test_a_grant_whose_reply_was_lost_is_not_sent_again_and_is_undone(
+        cluster: Any, cluster_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection breaks after the grant's EVALSHA went out: the script ran once on the
+    master, is not sent again (redis-py's RedisCluster would re-send it), the caller gets the
+    ConnectionError, and the hold it did not learn of is given back (principle 13)."""
+    name = _name("lost-reply")
+    lock = DistLock(name, client=cluster_client)
+    with lock:  # the session, its connections and both scripts on the slot's master are made
+        pass
+    real = redis.connection.AbstractConnection.read_response
+    cut = [True]
+
+    def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = real(self, *args, **kwargs)
+        if cut and threading.current_thread() is threading.main_thread():
+            cut.clear()
+            self.disconnect()
+            raise redis.ConnectionError("the reply was lost on its way back")
+        return reply
+
+    before = _evalsha_calls(cluster)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", read_response)
+    with pytest.raises(redis.ConnectionError):
+        lock.acquire(blocking=False)
+    monkeypatch.undo()
+    assert not lock.owned()
+    # the hold it did not learn of is given back (perhaps by the watchdog thread, soon after)
+    assert _until(lambda: not cluster_client.exists(_lock_key(name)), BOUND)
+    # the grant (1), then the undo's release (1): never the grant twice
+    assert _evalsha_calls(cluster) - before == 2
+    assert DistLock(name, client=cluster_client).acquire(blocking=False)
