@@ -22,9 +22,10 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
 - ``pubsub()``: a new pub/sub connection, for the session's dispatcher.
 
 This is the standalone executor, and ``executor_for`` is the one place that picks an executor
-for a client: Cluster, Redlock and asyncio executors plug in there, behind the same methods. A
-Cluster executor routes by the keys' slot and follows MOVED, ASK and TRYAGAIN (the script did
-not run), groups a renewal batch per node and subscribes per node.
+for a client, behind the same methods: a ``redis.RedisCluster`` gets the Cluster executor
+(``_executor_cluster``: routed by the keys' slot, MOVED, ASK and TRYAGAIN followed, one batch
+pipeline per node, one dispatcher per node), every other client this one. A topology's executor
+overrides ``_send`` (how one script goes out) and ``dispatcher`` (how waiters wait).
 """
 
 from __future__ import annotations
@@ -55,9 +56,9 @@ NOSCRIPT_TRIES = 3
 def executor_for(client: Any, real: Any = None) -> Executor:
     """The executor for ``client`` (perhaps a weak proxy of the user's client ``real``).
 
-    Every client is a standalone one so far (a plain client, a Sentinel client: its pool
-    follows the master). The topologies still to come (Cluster, a Redlock list, asyncio
-    clients) are told apart here, and nowhere else."""
+    A ``redis.RedisCluster`` gets the Cluster executor; any other client (a plain client, a
+    Sentinel client: its pool follows the master) is a standalone one. Topologies are told
+    apart here, and nowhere else."""
     from ._executor_cluster import ClusterExecutor, is_cluster
     if is_cluster(client if real is None else real):
         return ClusterExecutor(client, real)
