@@ -133,13 +133,23 @@ _task_ids: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _serial = itertools.count(1)
 
 
+#: the last task asked about, and its ident: a DistRLock asks several times per acquire and
+#: release, and the weak map's lookup makes a weak reference each time
+_last: tuple[Callable[[], Any], str] = (lambda: None, "")
+
+
 def task_ident() -> str:
     """Who owns a task-owned hold: the current task (``task-<n>``, unique in this process for
     as long as it runs; never an ``id()``, which a later task could reuse)."""
+    global _last
     task = asyncio.current_task()
     if task is None:
         raise RuntimeError("distlock.asyncio: no current task (call this from a coroutine)")
-    ident = _task_ids.get(task)
-    if ident is None:
-        ident = _task_ids[task] = f"task-{next(_serial)}"
-    return ident
+    ref, ident = _last  # one read: another thread's loop may replace it meanwhile
+    if ref() is task:
+        return ident
+    found = _task_ids.get(task)
+    if found is None:
+        found = _task_ids[task] = f"task-{next(_serial)}"
+    _last = (weakref.ref(task), found)
+    return found
