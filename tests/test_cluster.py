@@ -19,6 +19,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 from _support import subscribers
+from redis.crc import key_slot
 
 import distlock
 import distlock.asyncio as aio
@@ -405,12 +406,27 @@ def test_a_failover_under_a_hold_it_survives_keeps_it(cluster: Any, healthy_clus
     grant, with a lease longer than the failover: the hold survives (the renewals follow the
     slot to the promoted replica), no acquirer gets it meanwhile, nor waits past its bound,
     and the lock works as before afterwards."""
-    client, other = cluster.client(), cluster.client()
+    client, other, third = cluster.client(), cluster.client(), cluster.client()
     try:
         lock, key, lost_at = _held(client, "failover-kept", 10.0, 0.5)
         name = lock.name
         master = cluster.master_of_key(key)
         assert cluster.node_client(master).execute_command("WAIT", 1, 2000) == 1
+        # a waiter that waits through the failover, in another "process"
+        waiter = DistLock(name, client=third)
+        outcome: List[Any] = []
+
+        def wait() -> None:
+            started = time.monotonic()
+            try:
+                outcome.append(waiter.acquire(timeout=12.0))
+            except (redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+                outcome.append(exc)  # the slot had no master when it tried: an error, at once
+            outcome.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.3)
         cluster.kill(master)
         rival = DistLock(name, client=other)
         deadline = time.monotonic() + 8.0  # the failover, then some renewals on the new master
@@ -420,12 +436,18 @@ def test_a_failover_under_a_hold_it_survives_keeps_it(cluster: Any, healthy_clus
         assert not lost_at and lock.owned()
         assert client.exists(key)
         assert not _try(rival, 0.3)
+        assert not outcome or outcome[0] is not True, "a second holder: the waiter"
         lock.release()
+        thread.join(BOUND)
+        assert outcome and outcome[1] < 12.0 + 1.0, "the waiter waited past its bound"
+        if outcome[0] is True:  # it waited through the failover, on the new owner
+            waiter.release()
         assert rival.acquire(timeout=BOUND)
         rival.release()
     finally:
         client.close()
         other.close()
+        third.close()
 
 
 def test_a_failover_longer_than_the_lease_reports_the_hold_lost_in_time(
@@ -653,3 +675,62 @@ def test_a_grant_whose_reply_was_lost_is_not_sent_again_and_is_undone(
     # the grant (1), then the undo's release (1): never the grant twice
     assert _evalsha_calls(cluster) - before == 2
     assert DistLock(name, client=cluster_client).acquire(blocking=False)
+
+
+def _name_in_slot(slot: int, prefix: str) -> str:
+    """A lock name whose key hashes to ``slot``."""
+    for i in range(2_000_000):
+        name = f"{prefix}:{i}"
+        if key_slot(_lock_key(name).encode()) == slot:
+            return name
+    raise AssertionError(f"no name found for slot {slot}")
+
+
+def test_redis_cli_reshard_under_a_held_lock_keeps_it_and_never_two_holders(
+        cluster: Any, healthy_cluster: Any) -> None:
+    """``redis-cli --cluster reshard`` moves the held lock's slot (the lowest slot of its
+    master: the one redis-cli takes first) with its keys, while a rival keeps trying: the rival
+    never gets it, the holder keeps its hold through more than a lease (``on_lost`` never
+    fires), and the lock passes to the rival only after the release."""
+    client, other = cluster.client(), cluster.client()
+    try:
+        distlock.configure(lease=2.0, renew_interval=0.4)
+        source = cluster.masters()[0]
+        first = min(lo for lo, _, master, _ in cluster.slots() if master == source)
+        name = _name_in_slot(first, f"cl:cli-reshard:{uuid.uuid4().hex[:6]}")
+        lock = DistLock(name, client=client)
+        lost_at: List[float] = []
+        lock.on_lost(lambda _: lost_at.append(time.monotonic()))
+        assert lock.acquire()
+        rival = DistLock(name, client=other)
+        stop = threading.Event()
+        rival_got: List[bool] = []
+
+        def hammer() -> None:
+            while not stop.is_set():
+                try:
+                    if rival.acquire(blocking=False):
+                        rival_got.append(True)
+                        rival.release()
+                except redis.RedisError:
+                    pass  # a redirection it could not follow in time: not a grant
+                time.sleep(0.01)
+
+        thread = threading.Thread(target=hammer)
+        thread.start()
+        try:
+            target = next(m for m in cluster.masters() if m != source)
+            cluster.reshard_with_cli(source, target, 1)
+            assert cluster.master_of_key(_lock_key(name)) == target, "redis-cli moved another slot"
+            time.sleep(2.5)  # more than a lease, renewed on the new owner only
+        finally:
+            stop.set()
+            thread.join(BOUND)
+        assert not rival_got, "two holders"
+        assert not lost_at and lock.owned()
+        lock.release()
+        assert rival.acquire(timeout=BOUND)
+        rival.release()
+    finally:
+        client.close()
+        other.close()
