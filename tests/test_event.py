@@ -64,9 +64,9 @@ class Waiters:
 
 
 def _registered(event: Any, count: int) -> Callable[[], bool]:
-    """For a DistEvent: True once ``count`` waiters joined in Redis. For threading: a short
-    pause stands in (its waiters block at once)."""
-    if isinstance(event, DistEvent):
+    """For a DistEvent (or a blocking view of an asyncio one): True once ``count`` waiters
+    joined in Redis. For threading: a short pause stands in (its waiters block at once)."""
+    if isinstance(getattr(event, "prim", event), DistEvent):
         client = event._session().client
         return lambda: client.zcard(event._keys.waiters) >= count
     started = time.monotonic()
