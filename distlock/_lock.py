@@ -471,7 +471,12 @@ class DistLock(_LockBase):
         yield from self._release(hold, session, 1)
 
     def _owner_for(self, session: Session) -> str:
-        return f"{session.id}:{os.urandom(6).hex()}"
+        hold_id = os.urandom(6).hex()
+        if hold_id.isdigit():
+            # one draw in about 280: twelve digits would read as a thread ident (distlock status
+            # could not tell the kind, _inspect.guess_kind)
+            hold_id = "f" + hold_id[1:]
+        return f"{session.id}:{hold_id}"
 
     def _current(self, session: Session) -> Optional[Hold]:
         hold = self._hold

@@ -550,3 +550,19 @@ def test_waiters_of_a_hot_lock_get_it_when_it_cools(url: str, client: Any, cls: 
     assert sum(done) == 900
     assert int(client.get("hot-counter")) == 900
     client.delete("hot-counter")
+
+
+def test_a_distlock_hold_id_is_never_all_digits(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DistLock's random hold id that came out as twelve digits would read as a DistRLock's
+    thread ident to ``distlock status`` (about one draw in 280: it made a CLI test flaky)."""
+    import os
+
+    from distlock._inspect import guess_kind, parse_owner
+
+    monkeypatch.setattr(os, "urandom", lambda n: bytes.fromhex("12" * n))
+    lock = DistLock("all-digits", client=client)
+    with lock:
+        (owner,) = [k.decode() for k in client.hkeys(lock._keys.lock) if not k.startswith(b":")]
+    hold_id = owner.rsplit(":", 1)[1]
+    assert len(hold_id) == 12 and not hold_id.isdigit()
+    assert guess_kind([parse_owner(owner, 1)], None) == "DistLock"
