@@ -253,3 +253,43 @@ def healthy_cluster(cluster: Any) -> Iterator[Any]:
         finally:
             _config.reset_settings()
         _wait_threads_gone(before)
+
+
+# --- a master with two replicas (tests/_replication.py) ----------------------------------------
+
+@pytest.fixture(scope="session")
+def replication_set() -> Iterator[Any]:
+    """A master and two replicas (tests/_replication.py), started the first time a test asks
+    for it and shared by the rest of the session. Skipped with a reason where there is no
+    server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
+    from _replication import Replication
+
+    if redis_server_binary() is None:
+        if REQUIRE_REAL:
+            pytest.fail("DISTLOCK_REQUIRE_REDIS=1 but there is no redis-server for the replicas")
+        pytest.skip("needs redis-server on PATH for a master with replicas")
+    made = Replication.start()
+    try:
+        yield made
+    finally:
+        try:
+            reset_sessions()
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def replication(replication_set: Any) -> Iterator[Any]:
+    """The session's master and two replicas, healthy and empty; after the test, every
+    distlock session is stopped, the settings reset, and the set healed (what was stopped
+    resumes, what was killed restarts, node 0 is the master again) and flushed."""
+    before = set(threading.enumerate())
+    try:
+        yield replication_set
+    finally:
+        reset_sessions()
+        try:
+            replication_set.heal()
+        finally:
+            _config.reset_settings()
+        _wait_threads_gone(before)
