@@ -40,7 +40,7 @@ from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, located, packer, take
 from ._pubsub import Waiter
 from ._session import Session, session_for
 
-__all__ = ["AsyncPort", "port_for", "live_ports", "sync_twin"]
+__all__ = ["AsyncPort", "port_for", "live_ports", "sync_twin", "aread_pair"]
 
 #: ``asyncio.timeout`` (Python 3.11+)
 _timeout: Any = getattr(asyncio, "timeout", None)
@@ -142,16 +142,19 @@ class AsyncPort:
 
     # --- the ops --------------------------------------------------------------------------------
 
-    async def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+    async def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                  acks: Optional[Tuple[int, int]] = None) -> Any:
         """One script as EVALSHA (``Executor.run``'s rules: never sent twice; NOSCRIPT means
-        it did not run, so it is loaded and sent again)."""
+        it did not run, so it is loaded and sent again). With ``acks`` (k, ms), ``WAIT k ms``
+        goes behind it in the same write on the same connection, and the reply is
+        ``(reply, how many replicas acknowledged)``."""
         script = self._scripts[name]
         if self._free > 0:
             self._free -= 1  # no await between the look and the take: nobody else runs here
         else:
             await self._gate_wait()
         try:
-            return await self._script(script, keys, args)
+            return await self._script(script, keys, args, None if acks is None else ("WAIT", *acks))
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
         finally:
@@ -159,14 +162,16 @@ class AsyncPort:
             if self._gate_waiters:
                 self._wake_next()
 
-    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
-        """Send one script once (a topology's port routes it)."""
+    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                      then: Optional[Tuple[Any, ...]] = None) -> Any:
+        """Send one script once (a topology's port routes it); ``then``: a command sent
+        behind it in the same write (``run``'s WAIT)."""
         for _ in range(NOSCRIPT_TRIES):
             try:
-                return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+                return await self._send("EVALSHA", script.sha, len(keys), *keys, *args, then=then)
             except redis.exceptions.NoScriptError:
                 await self._send("SCRIPT", "LOAD", script.script)
-        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args, then=then)
 
     async def _gate_wait(self) -> None:
         """Wait for one of the ``SCRIPT_CONCURRENCY`` run slots (all are in flight), in turn."""
@@ -190,7 +195,7 @@ class AsyncPort:
                 fut.set_result(None)
                 return
 
-    async def _send(self, *args: Any) -> Any:
+    async def _send(self, *args: Any, then: Optional[Tuple[Any, ...]] = None) -> Any:
         """Send one command on the direct path; never retried.
 
         The connections come from the client's pool, but those used are kept out of it between
@@ -200,6 +205,8 @@ class AsyncPort:
         after ``HOT_IDLE`` seconds unused, and each is checked (the server closed it: a
         restart) before use, as the pool checks its own."""
         packed = self._pack(args)
+        if then is not None:
+            packed = [packed[0] + self._pack(then)[0]]
         idle = self._idle
         conn = idle.pop() if idle else None
         try:
@@ -216,7 +223,7 @@ class AsyncPort:
                 await self._give(conn)
             raise
         try:
-            reply = await self._exchange(conn, packed)
+            reply = await self._exchange(conn, packed, then is not None)
         except redis.exceptions.ResponseError:
             self._keep(conn)  # the whole reply was read: the connection is clean
             raise
@@ -226,10 +233,11 @@ class AsyncPort:
         self._keep(conn)
         return reply
 
-    async def _exchange(self, conn: Any, packed: Any) -> Any:
-        """Send ``packed`` on ``conn`` and read the reply, bounded (see ``_bounded``). Any
-        failure but a Redis error reply leaves ``conn`` disconnected: a reply may be left
-        half-read (a cancellation, a timeout), so it is never reused as it is."""
+    async def _exchange(self, conn: Any, packed: Any, pair: bool = False) -> Any:
+        """Send ``packed`` on ``conn`` and read the reply, bounded (see ``_bounded``); with
+        ``pair``, the replies of two commands (``aread_pair``). Any failure but a Redis error
+        reply leaves ``conn`` disconnected: a reply may be left half-read (a cancellation, a
+        timeout), so it is never reused as it is."""
         inflight = self._inflight
         try:
             if self._io_bound is not None:
@@ -240,6 +248,8 @@ class AsyncPort:
                     self._checking = True
                     asyncio.get_running_loop().call_later(self._io_bound / 4, _overdue, weakref.ref(self))
             await conn.send_packed_command(packed)
+            if pair:
+                return await aread_pair(conn)
             return await conn.read_response()
         except redis.exceptions.ResponseError:
             raise
@@ -328,6 +338,22 @@ class AsyncPort:
     @property
     def live(self) -> bool:
         return not self.core.closed
+
+
+async def aread_pair(conn: Any) -> Tuple[Any, Any]:
+    """``_executor.read_pair`` on an asyncio connection: both replies read, the first's error
+    raised after the second's is read, the second's error returned as its reply."""
+    try:
+        first: Any = await conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        first = exc
+    try:
+        second: Any = await conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        second = exc
+    if isinstance(first, Exception):
+        raise first
+    return first, second
 
 
 def _overdue(ref: weakref.ref[AsyncPort]) -> None:
