@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import redis
 
 from ._logic import check_retention, check_seconds
+from ._replicas import DEFAULT_REPLICA_TIMEOUT, check_min_replicas, check_replica_timeout
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
@@ -42,6 +43,10 @@ class Settings:
     - ``metric_group``: how a name is grouped in the metrics (``distlock.metrics()``): a
       function of the name returning a short label; None (the default) takes the name's
       first ``:``-separated segment (``orders:42`` -> ``orders``). See docs/guides/operating.rst.
+    - ``min_replicas``: how many replicas must acknowledge a grant of a lock or a semaphore
+      made without its own ``min_replicas`` (0: none, nothing is waited for); and
+      ``replica_timeout``: how long a grant waits for them, in seconds (0.5). See
+      docs/guides/replicas.rst.
     """
 
     prefix: str = "distlock:"
@@ -51,6 +56,8 @@ class Settings:
     queue_cap_factor: float = 10.0
     fence_retention: float = 3600.0
     metric_group: Optional[Callable[[str], str]] = field(default=None, compare=False)
+    min_replicas: int = 0
+    replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
     #: ``fence_retention`` in ms, as the scripts take it (computed once, not per call)
     fence_retention_ms: int = field(init=False, repr=False, compare=False)
 
@@ -86,6 +93,8 @@ def configure(
     wait_cap: Optional[float] = None,
     fence_retention: Optional[float] = None,
     metric_group: Optional[Callable[[str], str]] = None,
+    min_replicas: Optional[int] = None,
+    replica_timeout: Optional[float] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -117,6 +126,10 @@ def configure(
         if not callable(metric_group):
             raise TypeError(f"metric_group must be callable, not {type(metric_group).__name__}")
         changes["metric_group"] = metric_group
+    if min_replicas is not None:
+        changes["min_replicas"] = check_min_replicas(min_replicas)
+    if replica_timeout is not None:
+        changes["replica_timeout"] = check_replica_timeout(replica_timeout)
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")

@@ -40,6 +40,7 @@ from ._outcomes import LOST, Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
 from ._outcomes import lock_reenter as decode_reenter
 from ._outcomes import lock_release as decode_release
+from ._replicas import Acks, acks_for, check_options, give_back_unacked, refuse_quorum
 from ._session import Hold, Session, SessionUser, Waiter, add_lost_callback, fire_lost
 from ._waitpolicy import HINTED, LAST, WAIT
 
@@ -64,8 +65,11 @@ class _LockBase(SessionUser):
     #: what a repr puts before the class name (the asyncio shell: ``asyncio.``)
     _repr_prefix = ""
 
-    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
         self._name = check_name(name)
+        self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
+        refuse_quorum(client, self._min_replicas)
         if client is not None:
             check_client(client, type(self).__name__)
         self._client_arg = client
@@ -154,10 +158,17 @@ class _LockBase(SessionUser):
 
     # --- the shared machinery ---------------------------------------------------------------
 
+    def _acks(self) -> Acks:
+        """What a grant waits for (``min_replicas``, ``replica_timeout``): None when nothing."""
+        return acks_for(self._min_replicas, self._replica_timeout, settings())
+
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
                       waiter: Optional[Waiter] = None) -> Flow[int]:
         """One try. ``mode``: '' first try, 'w' a queued waiter's try, 'p' a try answering a
-        hint (not registering), else the token being re-entered."""
+        hint (not registering), else the token being re-entered. A try for a new hold of a
+        lock made with ``min_replicas`` waits for the replicas' acknowledgement (a re-entry
+        creates no grant: it does not); too few, and the grant is given back and
+        NotEnoughReplicasError raised."""
         keys = self._keys
         args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info)
         if waiter is not None:
@@ -165,14 +176,22 @@ class _LockBase(SessionUser):
             args += (mode, count, waiter.channel.name, registry_lease_ms(settings().wait_cap), others)
         elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
+        fresh = mode in ("", "w", "p")
+        acks = self._acks() if fresh else None
         try:
-            return int((yield (RUN, "lock_acquire", (keys.lock, keys.fence, keys.queue), args)))
+            if acks is None:
+                return int((yield (RUN, "lock_acquire", (keys.lock, keys.fence, keys.queue), args)))
+            reply, acked = yield (RUN, "lock_acquire", (keys.lock, keys.fence, keys.queue), args, acks)
         except redis.ResponseError:
             raise  # the script did not run, or failed: nothing was granted
         except BaseException:
-            if mode in ("", "w", "p"):
+            if fresh:
                 yield from self._undo_lost_grant(owner)
             raise
+        if int(reply) > 0:
+            yield from give_back_unacked(self._name, acks, acked,
+                                         functools.partial(self._undo_lost_grant, owner))
+        return int(reply)
 
     def _undo_lost_grant(self, owner: str) -> Flow[None]:
         """The reply of a try for a new hold was lost (the connection failed, or the caller
@@ -272,7 +291,7 @@ class _LockBase(SessionUser):
                ms: int, sent_at: float) -> None:
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renew_fn, end=self._end_fn,
-                    notify=_notify_lost, meter=self._meter, grant=True)
+                    notify=_notify_lost, meter=self._meter, grant=True, acks=self._acks())
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -428,9 +447,12 @@ class DistLock(_LockBase):
     The hold belongs to this object: any thread of this process may release it, and a second
     ``acquire()`` from the same thread blocks until somebody releases it.
 
-    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
-    and ``lease`` (None: a watchdog keeps the hold alive while the process lives; a number of
-    seconds: the hold expires by itself after that long).
+    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``),
+    ``lease`` (None: a watchdog keeps the hold alive while the process lives; a number of
+    seconds: the hold expires by itself after that long), and ``min_replicas`` /
+    ``replica_timeout`` (a grant counts only once that many replicas acknowledged it within
+    that many seconds, else acquire raises NotEnoughReplicasError; default: ``configure()``'s,
+    0 and 0.5 s; see docs/guides/replicas.rst).
     """
 
     _metric_kind = "lock"
@@ -438,8 +460,10 @@ class DistLock(_LockBase):
     _reentrant = "0"
     _unowned_message = "release unlocked lock"
 
-    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
-        super().__init__(name, client=client, lease=lease)
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+        super().__init__(name, client=client, lease=lease, min_replicas=min_replicas,
+                         replica_timeout=replica_timeout)
         self._hold: Optional[Hold] = None
         self._mutex = threading.Lock()
         # refers to the keys, not to this object, so that an abandoned object can be collected
@@ -601,6 +625,9 @@ class DistRLock(_ThreadOwned):
     this or any other DistRLock of the same name), and only it may release. The count lives in
     Redis. Implements ``_is_owned``, ``_release_save``, ``_acquire_restore`` and
     ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
+
+    Keyword-only options: as DistLock's (``client``, ``lease``, ``min_replicas``,
+    ``replica_timeout``). A re-entry is no grant: it waits for no replica.
     """
 
     _metric_kind = "rlock"
