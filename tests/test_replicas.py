@@ -483,3 +483,81 @@ def test_tokens_grow_across_a_failover_that_lost_grants(replication: Any, kind: 
         after.release()
     finally:
         promoted.close()
+
+
+# --- the double grant, both ways ------------------------------------------------------------
+
+@pytest.mark.real_redis
+def test_without_min_replicas_a_failover_can_grant_twice(replication: Any) -> None:
+    """The window asynchronous replication leaves, made deterministic: both replicas are cut
+    off, a k = 0 grant succeeds on the master alone, the master dies, a replica is promoted,
+    and a second client takes the same lock there. The token still tells the two apart."""
+    master = replication.client(0)
+    try:
+        replication.cut(1)
+        replication.cut(2)
+        first = distlock.DistLock("twice", client=master, lease=30)
+        assert first.acquire()
+        token = first.token
+        replication.kill(0)
+    finally:
+        master.close()
+    replication.promote(1)
+    promoted = replication.client(1)
+    try:
+        second = distlock.DistLock("twice", client=promoted, lease=30)
+        assert second.acquire(blocking=False)  # the double grant
+        assert second.token > token  # the floored token: the resource can refuse the first
+        second.release()
+    finally:
+        promoted.close()
+
+
+@pytest.mark.real_redis
+def test_with_min_replicas_all_the_grant_fails_instead(replication: Any) -> None:
+    """The same with min_replicas equal to the number of replicas: the grant cannot be
+    acknowledged, so it is given back and acquire raises; the promoted replica has nothing,
+    and nobody believes they hold the lock."""
+    master = replication.client(0)
+    try:
+        replication.cut(1)
+        replication.cut(2)
+        first = distlock.DistLock("twice", client=master, lease=30, min_replicas=2,
+                                  replica_timeout=0.2)
+        with pytest.raises(NotEnoughReplicasError) as info:
+            first.acquire()
+        assert (info.value.acknowledged, info.value.required) == (0, 2)
+        assert not first.owned() and not master.exists("distlock:{twice}")
+        replication.kill(0)
+    finally:
+        master.close()
+    replication.promote(1)
+    promoted = replication.client(1)
+    try:
+        second = distlock.DistLock("twice", client=promoted, lease=30)
+        assert second.acquire(blocking=False)  # one holder only: the first never held it
+        second.release()
+    finally:
+        promoted.close()
+
+
+@pytest.mark.real_redis
+def test_an_acknowledged_grant_survives_the_promotion(replication: Any) -> None:
+    """min_replicas equal to the number of replicas, all there: the grant is on every
+    replica, so whichever is promoted, the lock is still held there and nobody else gets it."""
+    master = replication.client(0)
+    try:
+        first = distlock.DistLock("kept", client=master, lease=30, min_replicas=2)
+        assert first.acquire()
+        token = first.token
+        replication.kill(0)
+    finally:
+        master.close()
+    replication.promote(2)
+    promoted = replication.client(2)
+    try:
+        rival = distlock.DistLock("kept", client=promoted, lease=30)
+        assert rival.acquire(blocking=False) is False
+        assert int(promoted.hget("distlock:{kept}", ":t")) == token
+    finally:
+        promoted.close()
