@@ -444,6 +444,33 @@ def test_cluster_grants_wait_for_their_shard(cluster: Any, cluster_client: Any) 
     assert not cluster_client.exists(key)
 
 
+@pytest.mark.real_redis
+def test_cluster_renewals_wait_on_each_shard(cluster: Any, cluster_client: Any) -> None:
+    """The watchdog's batch ends each node's pipeline with a WAIT: holds with k = 1 on
+    several shards stay held across many renewals (each acknowledged by its shard's replica)."""
+    lease, interval = 2.0, 0.3
+    distlock.configure(lease=lease, renew_interval=interval)
+    names = [f"cren{i}" for i in range(6)]
+    masters = {cluster.master_of_key(f"distlock:{{{n}}}") for n in names}
+    assert len(masters) > 1  # the names spread over shards
+    def waits(addr: Any) -> int:
+        with cluster.node_client(addr) as conn:
+            return wait_calls(conn)
+
+    before = {m: waits(m) for m in masters}
+    lost: list = []
+    locks = [distlock.DistLock(n, client=cluster_client, min_replicas=1) for n in names]
+    for lock in locks:
+        lock.on_lost(lost.append)
+        assert lock.acquire()
+    time.sleep(lease + 4 * interval)  # past the grants' leases: only renewals kept them
+    assert not lost and all(lock.owned() for lock in locks)
+    for master in masters:  # every shard's master saw WAITs (grants and renewal rounds)
+        assert waits(master) > before[master] + 1
+    for lock in locks:
+        lock.release()
+
+
 # --- fencing tokens across a failover ------------------------------------------------------
 
 @pytest.mark.real_redis
