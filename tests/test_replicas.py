@@ -203,6 +203,15 @@ def test_event_condition_barrier_refuse_the_options(shell: str, kind: str,
     assert str(info.value).startswith(f"{kind}() takes no {name}: only locks and semaphores")
 
 
+@pytest.mark.parametrize("cls", [distlock.DistLock, distlock.DistRLock])
+def test_a_redlock_list_with_min_replicas_is_refused(cls: type) -> None:
+    """Independent masters have no replicas to wait for: TypeError, whatever else the list
+    would be (the Redlock constructors accept lists; this check comes first)."""
+    masters = [redis.Redis(port=1), redis.Redis(port=2), redis.Redis(port=3)]
+    with pytest.raises(TypeError, match="min_replicas does not apply to a Redlock quorum"):
+        cls("quorum", client=masters, min_replicas=1)
+
+
 # --- grants ----------------------------------------------------------------------------------
 
 @pytest.mark.real_redis
