@@ -333,6 +333,48 @@ def test_the_asyncio_shell_waits_for_replicas_too(replication: Any, kind: str) -
         master.close()
 
 
+@pytest.mark.real_redis
+def test_asyncio_waiter_and_renewals(replication: Any) -> None:
+    """The asyncio shell: a task granted after waiting raises and leaves nothing; a hold whose
+    renewals go unacknowledged is reported lost in its loop, not before its lease."""
+    lease, interval = 2.0, 0.4
+    distlock.configure(lease=lease, renew_interval=interval)
+
+    async def main() -> float:
+        client = aredis.Redis(host="127.0.0.1", port=replication.port(0), socket_timeout=5)
+        try:
+            holder = adistlock.DistLock("aq", client=client)
+            assert await holder.acquire()
+            waiter = adistlock.DistLock("aq", client=client, min_replicas=2, replica_timeout=0.2)
+            task = asyncio.ensure_future(waiter.acquire(timeout=60))
+            while not await client.exists("distlock:{aq}:q"):
+                await asyncio.sleep(0.01)  # until the waiter is registered
+            replication.stop(2)
+            await holder.release()
+            with pytest.raises(NotEnoughReplicasError):
+                await task
+            assert not await client.exists("distlock:{aq}")
+            replication.resume(2)
+            await asyncio.sleep(0.5)  # the replica catches up
+
+            lost = asyncio.Event()
+            kept = adistlock.DistLock("aren", client=client, min_replicas=2, replica_timeout=0.1)
+            kept.on_lost(lambda _lock: lost.set())
+            sent = time.monotonic()
+            assert await kept.acquire()
+            replication.stop(2)
+            await asyncio.wait_for(lost.wait(), lease + interval + 2 + SLACK)
+            fired = time.monotonic()
+            assert fired >= sent + lease
+            with pytest.raises(LockLostError):
+                await kept.release()
+            return fired - sent
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) >= lease
+
+
 # --- the cost of k = 0 -----------------------------------------------------------------------
 
 @pytest.mark.real_redis
