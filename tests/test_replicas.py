@@ -499,7 +499,7 @@ def test_cluster_grants_wait_for_their_shard(cluster: Any, cluster_client: Any) 
 def test_cluster_renewals_wait_on_each_shard(cluster: Any, cluster_client: Any) -> None:
     """The watchdog's batch ends each node's pipeline with a WAIT: holds with k = 1 on
     several shards stay held across many renewals (each acknowledged by its shard's replica)."""
-    lease, interval = 2.0, 0.3
+    lease, interval = 3.0, 0.5
     distlock.configure(lease=lease, renew_interval=interval)
     names = [f"cren{i}" for i in range(6)]
     masters = {cluster.master_of_key(f"distlock:{{{n}}}") for n in names}
