@@ -26,7 +26,7 @@ from ._flow import Flow
 __all__ = ["Acks", "check_min_replicas", "check_replica_timeout", "acks_for", "refuse_options",
            "refuse_quorum", "short_of", "not_enough", "batch_wait", "renewal_counts", "check_options",
            "give_back_unacked",
-           "DEFAULT_REPLICA_TIMEOUT", "MAX_REPLICAS", "UNSET"]
+           "DEFAULT_REPLICA_TIMEOUT", "MAX_REPLICAS"]
 
 #: ``replica_timeout``'s default (seconds). A healthy replica acknowledges a write within a
 #: network round trip (well under a millisecond on a LAN, a few across zones), so the timeout
@@ -38,9 +38,6 @@ DEFAULT_REPLICA_TIMEOUT = 0.5
 #: The largest ``min_replicas`` accepted: far beyond any real replica set, and a bound for a
 #: number that goes to Redis as an argument.
 MAX_REPLICAS = 1000
-
-#: "not given": the default of ``configure()`` applies
-UNSET: Any = None
 
 #: (k, timeout in ms): what one grant asks the server to wait for; None when k is 0
 Acks = Optional[Tuple[int, int]]
