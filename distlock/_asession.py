@@ -115,6 +115,8 @@ class AsyncPort:
         #: run slots (see ``run``): how many are free, and the tasks waiting for one
         self._free = SCRIPT_CONCURRENCY
         self._gate_waiters: Deque[asyncio.Future[None]] = collections.deque()
+        #: scripts loaded before their first run with ``acks`` (see ``Executor.run``)
+        self._preloaded: set[str] = set()
         self._client = weakref.proxy(client)
         self._attach(client)
 
@@ -154,7 +156,12 @@ class AsyncPort:
         else:
             await self._gate_wait()
         try:
-            return await self._script(script, keys, args, None if acks is None else ("WAIT", *acks))
+            if acks is None:
+                return await self._script(script, keys, args)
+            if name not in self._preloaded:  # see Executor.run: a NOSCRIPT would cost a timeout
+                await self._bounded(self._client.script_load(script.script), self._io_bound)
+                self._preloaded.add(name)
+            return await self._script(script, keys, args, ("WAIT", *acks))
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
         finally:

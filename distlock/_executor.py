@@ -39,7 +39,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import redis
 from redis.commands.core import Script
@@ -89,6 +89,8 @@ class Executor:
         self._gate_cond = threading.Condition(threading.Lock())
         self._gate_waiting = 0
         self._renewer: Any = None  # (renew interval, client), made on the first renewal
+        #: scripts loaded before their first run with ``acks`` (see ``run``)
+        self._preloaded: Set[str] = set()
 
     def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
             acks: Optional[Tuple[int, int]] = None) -> Any:
@@ -109,6 +111,12 @@ class Executor:
         try:
             if acks is None:
                 return self._send(name, script, keys, args)
+            if name not in self._preloaded:
+                # A WAIT blocks while a replica lags even when nothing was written before it
+                # (Redis 7), so a NOSCRIPT answer would cost a whole timeout before the real
+                # run: load the script first (safe to repeat; on a cluster, on every master).
+                self.client.script_load(script.script)
+                self._preloaded.add(name)
             return self._send(name, script, keys, args, ("WAIT", *acks))
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None

@@ -256,6 +256,41 @@ def test_too_few_replicas_raise_and_leave_no_hold(replication: Any, kind: str) -
 
 
 @pytest.mark.real_redis
+def test_a_connection_lost_during_wait_raises_and_gives_the_grant_back(replication: Any) -> None:
+    """The grant ran but its connection died while WAIT blocked (principle 13: the reply is
+    lost, the script is not sent again): acquire raises the connection error, never False,
+    and the grant is given back after reading that it is there."""
+    master = replication.client(0)
+    try:
+        replication.stop(2)  # WAIT 2 now blocks for its whole timeout
+        caught: list = []
+
+        def acquire() -> None:
+            lock = distlock.DistLock("cut", client=replication.client(0), min_replicas=2,
+                                     replica_timeout=30)
+            try:
+                caught.append(lock.acquire())
+            except BaseException as exc:  # noqa: BLE001 - the test looks at it
+                caught.append(exc)
+
+        thread = threading.Thread(target=acquire)
+        thread.start()
+        deadline = time.monotonic() + 20
+        waiting = []
+        while not waiting and time.monotonic() < deadline:
+            waiting = [c for c in master.client_list() if c.get("cmd") == "wait"]
+            time.sleep(0.01)
+        assert waiting and master.exists("distlock:{cut}")  # granted, WAIT blocking
+        master.client_kill_filter(_id=waiting[0]["id"])
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        assert len(caught) == 1 and isinstance(caught[0], redis.ConnectionError), caught
+        assert not master.exists("distlock:{cut}")  # given back
+    finally:
+        master.close()
+
+
+@pytest.mark.real_redis
 def test_a_re_entry_sends_no_wait(replication: Any) -> None:
     """A re-entry creates no grant: nothing for replicas to acknowledge, no WAIT sent."""
     master = replication.client(0)
