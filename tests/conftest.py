@@ -253,3 +253,54 @@ def healthy_cluster(cluster: Any) -> Iterator[Any]:
         finally:
             _config.reset_settings()
         _wait_threads_gone(before)
+
+
+# --- a real Sentinel set (tests/_sentinel.py) -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def sentinel_set() -> Iterator[Any]:
+    """One master, two replicas and three sentinels (tests/_sentinel.py), started the first
+    time a test asks for it and shared by the rest of the session. Skipped with a reason where
+    there is no server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
+    from _sentinel import SentinelSet
+
+    binary = redis_server_binary()
+    if binary is None:
+        reason = "needs redis-server on PATH (it also runs the sentinels) for a Sentinel set"
+        if REQUIRE_REAL:
+            pytest.fail(f"DISTLOCK_REQUIRE_REDIS=1 but the Sentinel set {reason}")
+        pytest.skip(reason)
+    made = SentinelSet.start(binary)
+    try:
+        yield made
+    finally:
+        try:
+            reset_sessions()
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def sentinel_client(sentinel_set: Any) -> Iterator[redis.Redis]:
+    """A Sentinel master client of the session's set (``Sentinel(...).master_for``); after the
+    test, its distlock sessions are stopped, the client is closed and the set healed (a node
+    left down or stopped by the test comes back as a replica) and flushed."""
+    before = set(threading.enumerate())
+    c = sentinel_set.client()
+    try:
+        yield c
+    finally:
+        reset_sessions()
+        try:
+            sentinel_set.heal()
+        finally:
+            c.close()
+            _config.reset_settings()
+        _wait_threads_gone(before)
+
+
+@pytest.fixture
+def sentinel_url(sentinel_set: Any, sentinel_client: Any) -> str:
+    """The session's Sentinel set as a ``redis+sentinel://`` URL (cleaned up as
+    ``sentinel_client``)."""
+    return str(sentinel_set.url)
