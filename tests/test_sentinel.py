@@ -536,11 +536,22 @@ def test_the_cli_with_a_sentinel_url(sentinel_url: str, sentinel_client: Any) ->
     listed = _cli("list", "--url", sentinel_url)
     assert listed.returncode == 0, listed.stderr
     assert name in listed.stdout
+    top = _cli("top", "--json", "--url", sentinel_url)
+    assert top.returncode == 0, top.stderr
+    assert name in top.stdout
     freed = _cli("release", "--force", "--url", sentinel_url, name)
     assert freed.returncode == 0, freed.stderr
     assert not lock.locked()
     bad = _cli("status", "--url", "redis+sentinel://127.0.0.1:1", name)
     assert bad.returncode == 2 and "names its service" in bad.stderr
+
+
+def test_the_demo_runs_on_a_sentinel_set(sentinel_url: str, sentinel_client: Any) -> None:
+    """``distlock demo --url redis+sentinel://...``: its workers count under the lock through
+    the sentinels' master, and lose no update."""
+    done = _cli("demo", "--url", sentinel_url, "--workers", "2", "--increments", "20", timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "DistLock" in done.stdout
 
 
 def test_the_cli_names_an_unreachable_sentinel_set() -> None:
