@@ -83,16 +83,24 @@ def backend() -> Iterator[Backend]:
 
 @pytest.fixture
 def topology(request: pytest.FixtureRequest) -> str:
-    """Where ``client`` and ``url`` lead: ``"server"`` (the test server), or ``"cluster"`` (the
-    session's Redis Cluster) for a test marked ``cluster_too``, which runs on both."""
+    """Where ``client`` and ``url`` lead: ``"server"`` (the test server), ``"cluster"`` (the
+    session's Redis Cluster) for a test marked ``cluster_too``, which runs on both, or
+    ``"sentinel"`` (a Sentinel master client of the session's Sentinel set) for a test marked
+    ``sentinel_too`` as well."""
     return str(getattr(request, "param", "server"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.definition.get_closest_marker("cluster_too") is not None \
-            and metafunc.definition.get_closest_marker("server_only") is None \
-            and "topology" in metafunc.fixturenames:
-        metafunc.parametrize("topology", ["server", "cluster"], indirect=True)
+    if metafunc.definition.get_closest_marker("server_only") is not None \
+            or "topology" not in metafunc.fixturenames:
+        return
+    topologies = ["server"]
+    if metafunc.definition.get_closest_marker("cluster_too") is not None:
+        topologies.append("cluster")
+    if metafunc.definition.get_closest_marker("sentinel_too") is not None:
+        topologies.append("sentinel")
+    if len(topologies) > 1:
+        metafunc.parametrize("topology", topologies, indirect=True)
 
 
 @pytest.fixture
@@ -101,6 +109,9 @@ def client(backend: Backend, topology: str, request: pytest.FixtureRequest) -> I
     of the session's cluster: ``cluster_client``); everything it made is gone after the test."""
     if topology == "cluster":
         yield request.getfixturevalue("cluster_client")
+        return
+    if topology == "sentinel":
+        yield request.getfixturevalue("sentinel_client")
         return
     before = set(threading.enumerate())
     c = backend.client()
@@ -125,6 +136,8 @@ def url(backend: Backend, client: redis.Redis, topology: str, request: pytest.Fi
     server only)."""
     if topology == "cluster":
         return str(request.getfixturevalue("cluster").url)
+    if topology == "sentinel":
+        return str(request.getfixturevalue("sentinel_set").url)
     if backend.url is None:
         pytest.skip("needs a real redis-server: other processes cannot reach fakeredis")
     return backend.url
