@@ -37,7 +37,7 @@ from redis.asyncio import sentinel as asentinel
 
 from ._apubsub import AsyncDispatcher
 from ._clients import DEFAULT_IO_TIMEOUT
-from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, located, packer, taker
+from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located, packer, taker
 from ._pubsub import Waiter
 from ._session import Session, session_for
 
@@ -193,13 +193,29 @@ class AsyncPort:
                 self._wake_next()
 
     async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
-        """Send one script once (a topology's port routes it)."""
+        """Send one script once (a topology's port routes it); once more after a demoted
+        Sentinel master's READONLY (``Executor._send``)."""
+        followed = False
         for _ in range(NOSCRIPT_TRIES):
             try:
                 return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
                 await self._send("SCRIPT", "LOAD", script.script)
+            except redis.exceptions.ConnectionError as exc:
+                if followed or not demoted(exc):
+                    raise
+                followed = True
+                await self._forget_master()
         return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _forget_master(self) -> None:
+        """A Sentinel master was demoted: close the hot connections (they talk to it) and ask
+        the sentinels now (a new master drops the pool's idle connections)."""
+        hot, self._idle = self._idle, []
+        for conn in hot:
+            await conn.disconnect(nowait=True)
+            await self._give(conn)
+        await self._client.connection_pool.get_master_address()
 
     async def _gate_wait(self) -> None:
         """Wait for one of the ``SCRIPT_CONCURRENCY`` run slots (all are in flight), in turn."""

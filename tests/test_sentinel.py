@@ -494,6 +494,71 @@ def test_a_demoted_master_is_an_error_never_a_silent_false(sentinel_set: Sentine
     lock.release()
 
 
+class _StaleSentinel(redis.sentinel.Sentinel):
+    """A Sentinel whose first answers name a replica as the master (``stale``): what a client
+    sees that still talks to a master demoted behind its back."""
+
+    def __init__(self, *args: Any, stale: List[Tuple[str, int]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stale = list(stale)
+
+    def discover_master(self, service_name: str) -> Any:
+        return self.stale.pop(0) if self.stale else super().discover_master(service_name)
+
+
+class _AsyncStaleSentinel(redis.asyncio.sentinel.Sentinel):
+    def __init__(self, *args: Any, stale: List[Tuple[str, int]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stale = list(stale)
+
+    async def discover_master(self, service_name: str) -> Any:
+        return self.stale.pop(0) if self.stale else await super().discover_master(service_name)
+
+
+def test_a_script_that_meets_readonly_goes_once_more_to_the_master_the_sentinels_name(
+        sentinel_set: SentinelSet, sentinel_client: Any) -> None:
+    """A connection to a replica that the client took for the master (a demoted master)
+    answers READONLY: the script wrote nothing, so it is sent once more, on a connection to the
+    master the sentinels name now, in both shells. Where they still name the replica, it is a
+    ConnectionError, never a False."""
+    replica = sentinel_set.replica_addrs()[0]
+    master = sentinel_set.node_client(sentinel_set.master_addr())
+    name = _name("readonly")
+    manager = _StaleSentinel(sentinel_set.sentinel_addrs, stale=[replica],
+                             sentinel_kwargs={"socket_timeout": 1.0})
+    client = manager.master_for("distlock", socket_timeout=5.0)
+    try:
+        lock = DistLock(name, client=client)
+        assert lock.acquire(blocking=False) is True
+        assert master.exists(_lock_key(name))
+        lock.release()
+        manager.stale = [replica] * 3  # every look names the replica: nowhere to go
+        client.connection_pool.disconnect()
+        with pytest.raises(redis.ConnectionError):
+            lock.acquire(blocking=False)
+        assert lock.acquire(blocking=False) is True
+        lock.release()
+
+        async def body() -> None:
+            amanager = _AsyncStaleSentinel(sentinel_set.sentinel_addrs, stale=[replica],
+                                           sentinel_kwargs={"socket_timeout": 1.0})
+            aclient = amanager.master_for("distlock", socket_timeout=5.0)
+            try:
+                alock = aio.DistLock(name, client=aclient)
+                assert await alock.acquire(blocking=False) is True
+                assert master.exists(_lock_key(name))
+                await alock.release()
+            finally:
+                await aclient.aclose()
+                await amanager.aclose()
+
+        asyncio.run(body())
+    finally:
+        client.close()
+        manager.close()
+        master.close()
+
+
 # --- across processes and the CLI -------------------------------------------------------------
 
 def test_exclusion_across_processes_through_sentinel(sentinel_url: str, sentinel_client: Any) -> None:
