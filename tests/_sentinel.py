@@ -18,9 +18,12 @@ Faults, for the tests of what a failover does to holds:
 - ``kill_master()`` SIGKILLs the current master and waits until the sentinels have promoted
   one of its replicas (every sentinel names it, and it says ROLE master); it returns
   (old master, new master).
-- ``cut_replicas()`` cuts every replica's link to the master (``CLIENT KILL TYPE master`` on
-  each) and SIGSTOPs the replicas before their once-a-second replication cron can connect
-  again: nothing the master does reaches them until ``resume_replicas()`` SIGCONTs them.
+- ``cut_replicas()`` SIGSTOPs the replicas, then cuts their links on the master's side
+  (``CLIENT KILL TYPE replica``): they cannot reconnect while stopped, so nothing the master
+  does reaches them until ``resume_replicas()`` SIGCONTs them (and by then the test has killed
+  the master). Killing the links from the replicas' side (``CLIENT KILL TYPE master``) first
+  and stopping them after is a race: a replica's cron reconnects within a second, and a
+  partial resync takes milliseconds.
 - ``heal()`` (the ``healthy_sentinel`` fixture) resumes what was stopped, restarts every
   node that is down as a replica of the current master, waits until the set is whole again
   and flushes it. The master may have moved: tests ask ``master_addr()``.
@@ -388,16 +391,17 @@ class SentinelSet:
         docstring). The master then counts no replica: ``connected_slaves:0``."""
         master = self.master_addr()
         replicas = [n for n in self.nodes if n.addr != master and n.alive()]
+        # Stopped first, then cut from the master's side: a replica that is running reconnects
+        # by itself (its cron tries every second, and a partial resync takes milliseconds), so
+        # killing its link and then stopping it is a race on a loaded machine; a stopped one
+        # cannot reconnect, and the master, which dropped it, streams nothing more to it.
         for node in replicas:
-            # the kill and the stop follow each other at once: the reconnect is tried by the
-            # replica's cron, once a second, and even a connect begun in between cannot finish
-            # its handshake (PING, REPLCONF, PSYNC) while the replica is stopped
-            self._conn(node.addr).execute_command("CLIENT", "KILL", "TYPE", "master")
             self._signal(node, signal.SIGSTOP)
             self._stopped.append(node)
+        self._conn(master).execute_command("CLIENT", "KILL", "TYPE", "replica")
         deadline = time.monotonic() + 10.0
-        while self._conn(master).info("replication").get("connected_slaves", 0) != 0:
-            assert time.monotonic() < deadline, "the master still counts replicas after the cut"
+        while (info := self._conn(master).info("replication")).get("connected_slaves", 0) != 0:
+            assert time.monotonic() < deadline, f"the master still counts replicas after the cut: {info}"
             time.sleep(POLL)
 
     def resume_replicas(self) -> None:

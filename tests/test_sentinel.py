@@ -281,6 +281,9 @@ def test_a_replicated_hold_survives_the_failover_and_its_renewals_follow_the_mas
             assert _until(lambda: master.pttl(key) > first, 10), "no renewal on the new master"
             assert not lost_at and lock.owned()
             assert not outcome or outcome[0] is not True, "a second holder: the waiter"
+            if not outcome:  # still waiting: its pub/sub connection followed the master
+                assert _until(lambda: _waiting(master, lock.name), 10), \
+                    "the waiter's subscription is not on the new master"
             lock.release()
             thread.join(BOUND)
             assert outcome and outcome[1] < 25.0 + 5.0, "the waiter waited past its bound"
@@ -303,12 +306,15 @@ def double_grant(sentinel_set: SentinelSet, **lock_kwargs: Any) -> Dict[str, Any
     ``lock_kwargs``) on the master, SIGKILL it before the replicas hear of the grant, resume
     them and wait for the promotion; then a second client asks for the same lock.
 
-    Returns what happened: ``granted`` (the first acquire's result, or the exception it
+    Returns what happened: ``granted`` (the first acquire's result, or the DistLockError it
     raised), ``second`` (whether the second client got the lock on the promoted master),
-    ``lost`` (whether the first holder was told, ``on_lost``, by the time the second holds)
-    and ``release`` (what the first holder's release did: "ok" or the exception type's name).
-    With ``min_replicas`` equal to the number of replicas, the grant must fail (or survive):
-    ``second`` is then False."""
+    ``double`` (both: two holders at once), and, when the first was granted, ``lost`` (whether
+    its holder was told, ``on_lost``, by the time the second holds) and ``release`` (what its
+    release did: "ok" or the exception type's name). With ``min_replicas`` equal to the number
+    of replicas the grant must fail (``NotEnoughReplicasError``: the replicas are stopped) or
+    survive the promotion: ``double`` is then False. The replicas stay stopped for the whole
+    acquire: keep its ``replica_timeout`` well under a second (the sentinels' down-after),
+    or the promotion waits for the sentinels to see them again."""
     first, second = sentinel_set.client(), sentinel_set.client()
     name = _name("double")
     result: Dict[str, Any] = {}
@@ -324,8 +330,11 @@ def double_grant(sentinel_set: SentinelSet, **lock_kwargs: Any) -> Dict[str, Any
             except distlock.DistLockError as exc:
                 result["granted"] = exc
             old = sentinel_set.master_addr()
-            assert sentinel_set.node_client(old).exists(_lock_key(name)) == \
-                (result["granted"] is True)
+            look = sentinel_set.node_client(old)
+            try:
+                assert look.exists(_lock_key(name)) == (result["granted"] is True)
+            finally:
+                look.close()
             sentinel_set.kill(old)
         finally:
             sentinel_set.resume_replicas()
@@ -341,6 +350,7 @@ def double_grant(sentinel_set: SentinelSet, **lock_kwargs: Any) -> Dict[str, Any
                 result["release"] = "ok"
             except Exception as exc:  # noqa: BLE001 - reported to the caller
                 result["release"] = type(exc).__name__
+        result["double"] = result["granted"] is True and result["second"] is True
         if result["second"]:
             rival.release()
         return result
@@ -349,14 +359,27 @@ def double_grant(sentinel_set: SentinelSet, **lock_kwargs: Any) -> Dict[str, Any
         second.close()
 
 
-def test_the_double_grant_of_asynchronous_replication(sentinel_set: SentinelSet,
-                                                      sentinel_client: Any) -> None:
+#: (lock kwargs, whether two holders are expected): the min_replicas twin adds
+#: ``({"min_replicas": 2, "replica_timeout": 0.3}, False)``.
+DOUBLE_GRANT_CASES = [({}, True)]
+
+
+@pytest.mark.parametrize("lock_kwargs,double", DOUBLE_GRANT_CASES,
+                         ids=[",".join(f"{k}={v}" for k, v in kw.items()) or "k=0"
+                              for kw, _ in DOUBLE_GRANT_CASES])
+def test_the_double_grant_of_asynchronous_replication(
+        sentinel_set: SentinelSet, sentinel_client: Any, lock_kwargs: Dict[str, Any],
+        double: bool) -> None:
     """With k = 0 (no min_replicas): a grant the replicas never saw is gone after the
     failover, and a second client gets the same lock on the promoted master. The first
     holder is told (on_lost) and its release raises LockLostError: never silent."""
     distlock.configure(lease=3.0, renew_interval=0.5)
-    result = double_grant(sentinel_set)
-    assert result == {"granted": True, "second": True, "lost": True, "release": "LockLostError"}
+    result = double_grant(sentinel_set, **lock_kwargs)
+    if double:
+        assert result == {"granted": True, "second": True, "double": True, "lost": True,
+                          "release": "LockLostError"}
+    else:
+        assert not result["double"], result
 
 
 def test_a_waiter_through_a_failover_gets_the_lock_or_raises_within_its_bound(
