@@ -140,6 +140,7 @@ def check_client(client: object, owner: str = "") -> None:
         check_url(client)
         return
     if isinstance(client, redis.Redis):
+        check_not_replica(client)
         return
     cluster = getattr(redis, "RedisCluster", None)
     if cluster is not None and isinstance(client, cluster):
@@ -153,6 +154,14 @@ def check_client(client: object, owner: str = "") -> None:
         "client must be a redis.Redis, a redis.RedisCluster or a URL string, "
         f"not {type(client).__name__}"
     )
+
+
+def check_not_replica(client: object) -> None:
+    """TypeError for a Sentinel replica client (``slave_for``): a replica refuses every write."""
+    pool = getattr(client, "connection_pool", None)
+    if getattr(pool, "is_master", True) is False and hasattr(pool, "service_name"):
+        raise TypeError("a Sentinel replica client (slave_for) cannot take a lock: "
+                        "give a master client, Sentinel(...).master_for(service)")
 
 
 def is_async_client(client: object) -> bool:
@@ -175,6 +184,7 @@ def check_async_client(client: object, owner: str) -> None:
     import redis.asyncio as aredis
 
     if isinstance(client, (aredis.Redis, aredis.RedisCluster)):
+        check_not_replica(client)
         return
     if isinstance(client, redis.Redis) or (
             getattr(redis, "RedisCluster", None) is not None and isinstance(client, redis.RedisCluster)):

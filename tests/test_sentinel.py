@@ -9,6 +9,7 @@ lock types). Timing is asserted only as generous bounds.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
@@ -29,8 +30,6 @@ import distlock.asyncio as aio
 from distlock import DistLock, DistSemaphore
 from distlock._clients import renewer, shareable
 from distlock._config import async_client_from_url, check_url, client_from_url, sentinel_url
-
-pytestmark = pytest.mark.real_redis
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 30.0
@@ -213,6 +212,47 @@ def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
             await aclient.connection_pool.sentinel_manager.aclose()
 
     asyncio.run(body())
+
+
+def test_a_replica_client_is_refused_with_a_clear_type_error(sentinel_set: SentinelSet) -> None:
+    """``slave_for`` clients cannot take a lock (a replica refuses every write): TypeError at
+    construction, in both shells."""
+    manager = redis.sentinel.Sentinel(sentinel_set.sentinel_addrs)
+    replica = manager.slave_for("distlock")
+    try:
+        with pytest.raises(TypeError, match="master_for"):
+            DistLock("x", client=replica)
+        with pytest.raises(TypeError, match="master_for"):
+            distlock.configure(replica)
+    finally:
+        replica.close()
+        manager.close()
+    amanager = redis.asyncio.sentinel.Sentinel(sentinel_set.sentinel_addrs)
+    with pytest.raises(TypeError, match="master_for"):
+        aio.DistLock("x", client=amanager.slave_for("distlock"))
+
+
+def test_a_dispatcher_whose_client_is_gone_exits_quietly(sentinel_set: SentinelSet,
+                                                         sentinel_client: Any) -> None:
+    """A Sentinel client's session talks through a weak proxy of it. Closed and collected
+    while its dispatcher still runs (idle, not yet unsubscribed), the dispatcher's reconnect
+    finds it gone: the thread exits, with no exception."""
+    name = _name("gone")
+    holder = DistLock(name, client=sentinel_client)
+    assert holder.acquire()
+    other = sentinel_set.client()
+    waiter = DistLock(name, client=other)
+    assert waiter.acquire(timeout=0.2) is False  # it subscribed, through other's session
+    tag = waiter._session().id[:8]
+    threads = [t for t in threading.enumerate() if t.name == f"distlock-pubsub-{tag}"]
+    assert threads and threads[0].is_alive()
+    pool = other.connection_pool
+    del waiter, other
+    gc.collect()
+    pool.disconnect()  # breaks the dispatcher's connection: it reconnects through the proxy
+    threads[0].join(BOUND)
+    assert not threads[0].is_alive()
+    holder.release()
 
 
 # --- failover ---------------------------------------------------------------------------------
