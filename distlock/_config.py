@@ -295,14 +295,19 @@ def sentinel_url(url: str) -> Optional[SentinelURL]:
 
 def _sentinel_from_url(module: Any, parsed: SentinelURL, **kwargs: Any) -> Any:
     """``module.sentinel.Sentinel(...).master_for(...)`` (``module``: ``redis`` or
-    ``redis.asyncio``) for a parsed sentinel URL; ``kwargs`` go to ``master_for``. Nothing
-    connects: the master is looked up on the first command."""
+    ``redis.asyncio``) for a parsed sentinel URL; ``kwargs`` go to ``master_for``, and their
+    ``socket_*`` timeouts to the sentinels too where the URL sets none. Nothing connects: the
+    master is looked up on the first command."""
     import importlib
 
     sentinel = importlib.import_module(module.__name__ + ".sentinel")
     options = dict(parsed.kwargs)
     options.update(kwargs)
-    manager = sentinel.Sentinel(parsed.sentinels, sentinel_kwargs=dict(parsed.sentinel_kwargs))
+    sentinel_kwargs = dict(parsed.sentinel_kwargs)
+    for key, value in kwargs.items():
+        if key.startswith("socket_"):
+            sentinel_kwargs.setdefault(key, value)
+    manager = sentinel.Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)
     return manager.master_for(parsed.service, **options)
 
 

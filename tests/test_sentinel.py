@@ -113,6 +113,14 @@ def test_a_sentinel_url_makes_master_clients_of_both_shells() -> None:
     aclient = async_client_from_url(url)
     assert isinstance(aclient.connection_pool, redis.asyncio.sentinel.SentinelConnectionPool)
     assert aclient.connection_pool.service_name == "orders"
+    # a caller's timeouts reach the sentinels too (the CLI's connect timeout), unless the URL
+    # sets them
+    client = client_from_url(url, socket_connect_timeout=7)
+    try:
+        kwargs = client.connection_pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+        assert kwargs["socket_connect_timeout"] == 7 and kwargs["socket_timeout"] == 3.0
+    finally:
+        client.close()
 
 
 # --- the client and its twins -----------------------------------------------------------------
