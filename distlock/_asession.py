@@ -33,10 +33,11 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import redis
 from redis.asyncio import connection as aconnection
+from redis.asyncio import sentinel as asentinel
 
 from ._apubsub import AsyncDispatcher
 from ._clients import DEFAULT_IO_TIMEOUT
-from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, located, packer, taker
+from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located, packer, taker
 from ._pubsub import Waiter
 from ._session import Session, session_for
 
@@ -70,8 +71,12 @@ _SKIP = {"retry", "redis_connect_func", "parser_class", "event_dispatcher", "con
 
 
 def sync_twin(client: Any) -> redis.Redis:
-    """A blocking client with ``client``'s connection settings (it connects only when used)."""
+    """A blocking client with ``client``'s connection settings (it connects only when used).
+    For a ``redis.asyncio.sentinel`` master client: a blocking Sentinel master client of the
+    same sentinels, service and settings (``sentinel_twin``)."""
     pool = client.connection_pool
+    if isinstance(pool, asentinel.SentinelConnectionPool):
+        return sentinel_twin(pool)
     kind = _TWINS.get(pool.connection_class)
     if kind is None:
         raise TypeError(f"distlock.asyncio needs a redis.asyncio client on redis-py's own "
@@ -79,6 +84,34 @@ def sync_twin(client: Any) -> redis.Redis:
     accepted = _parameters(kind)
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _SKIP}
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=kind, **kwargs))
+
+
+def sentinel_twin(pool: Any) -> redis.Redis:
+    """A blocking twin of an asyncio ``SentinelConnectionPool``'s client: a
+    ``redis.sentinel.Sentinel`` of the same sentinel addresses and settings, and its
+    ``master_for`` of the same service with the pool's connection settings. Its watchdog
+    and its pub/sub connections look the master up as the asyncio client's do."""
+    from redis import sentinel
+
+    if not pool.is_master:
+        raise TypeError("distlock.asyncio needs a Sentinel master client (master_for), "
+                        "not a replica client (slave_for)")
+    manager = pool.sentinel_manager
+    accepted = _parameters(redis.Connection)
+    addrs = []
+    for node in manager.sentinels:
+        node_kwargs = node.connection_pool.connection_kwargs
+        addrs.append((node_kwargs["host"], node_kwargs["port"]))
+    sentinel_kwargs = {k: v for k, v in manager.sentinel_kwargs.items() if k in accepted and k not in _SKIP}
+    twin_manager = sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        addrs, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=sentinel_kwargs,
+        force_master_ip=getattr(manager, "_force_master_ip", None))
+    ssl = issubclass(pool.connection_class, aconnection.SSLConnection)
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _SKIP}
+    return twin_manager.master_for(  # type: ignore[no-any-return,no-untyped-call]
+        pool.service_name, check_connection=pool.check_connection,
+        connection_class=sentinel.SentinelManagedSSLConnection if ssl else sentinel.SentinelManagedConnection,
+        **kwargs)
 
 
 def _parameters(kind: type) -> set:  # type: ignore[type-arg]
@@ -172,13 +205,29 @@ class AsyncPort:
     async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
                       then: Optional[Tuple[Any, ...]] = None) -> Any:
         """Send one script once (a topology's port routes it); ``then``: a command sent
-        behind it in the same write (``run``'s WAIT)."""
+        behind it in the same write (``run``'s WAIT); once more after a demoted Sentinel
+        master's READONLY (``Executor._send``)."""
+        followed = False
         for _ in range(NOSCRIPT_TRIES):
             try:
                 return await self._send("EVALSHA", script.sha, len(keys), *keys, *args, then=then)
             except redis.exceptions.NoScriptError:
                 await self._send("SCRIPT", "LOAD", script.script)
+            except redis.exceptions.ConnectionError as exc:
+                if followed or not demoted(exc):
+                    raise
+                followed = True
+                await self._forget_master()
         return await self._send("EVALSHA", script.sha, len(keys), *keys, *args, then=then)
+
+    async def _forget_master(self) -> None:
+        """A Sentinel master was demoted: close the hot connections (they talk to it) and ask
+        the sentinels now (a new master drops the pool's idle connections)."""
+        hot, self._idle = self._idle, []
+        for conn in hot:
+            await conn.disconnect(nowait=True)
+            await self._give(conn)
+        await self._client.connection_pool.get_master_address()
 
     async def _gate_wait(self) -> None:
         """Wait for one of the ``SCRIPT_CONCURRENCY`` run slots (all are in flight), in turn."""

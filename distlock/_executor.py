@@ -49,7 +49,7 @@ from ._config import settings
 from ._scripts import locate, script_names, script_source
 
 __all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "executor_for", "sender", "packer",
-           "taker", "located", "disconnect_quietly", "pair_sender", "read_pair"]
+           "taker", "located", "disconnect_quietly", "pair_sender", "read_pair", "demoted"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
 #: plus the pub/sub and watchdog ones).
@@ -130,7 +130,12 @@ class Executor:
               then: Optional[Tuple[Any, ...]] = None) -> Any:
         """Send one script once (see the module's docstring); a topology's executor routes it.
         ``then``: a command sent behind it in the same write (``run``'s WAIT); the reply is
-        then both replies."""
+        then both replies.
+
+        A Sentinel client's connection to a master that was demoted meanwhile answers READONLY
+        (``demoted``): nothing was written, and the connection is dropped, so the script goes
+        once more, on a connection that looks the master up afresh."""
+        followed = False
         for _ in range(NOSCRIPT_TRIES):
             try:
                 if then is None:
@@ -139,6 +144,13 @@ class Executor:
             except redis.exceptions.NoScriptError:
                 # Another SCRIPT FLUSH may land between the load and the run: try again.
                 script.sha = self.client.script_load(script.script)
+            except redis.exceptions.ConnectionError as exc:
+                if followed or not demoted(exc):
+                    raise
+                followed = True
+                # ask the sentinels now: a new master drops the pool's idle connections,
+                # which all talk to the demoted one
+                self.client.connection_pool.get_master_address()
         if then is None:
             return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
         return self._execute_pair(("EVALSHA", script.sha, len(keys), *keys, *args), then)
@@ -245,6 +257,15 @@ class Batch:
                 if isinstance(reply, Exception):
                     raise reply
         return replies
+
+
+def demoted(exc: BaseException) -> bool:
+    """Whether ``exc`` is redis-py's Sentinel connection telling that the master it talked to
+    answered READONLY (it was demoted to a replica): a ConnectionError raised while handling a
+    ReadOnlyError. A replica refuses every write, so the script wrote nothing: like a
+    redirection, it may be sent again (DESIGN principle 13), on a new connection."""
+    return isinstance(exc, redis.exceptions.ConnectionError) and \
+        isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
 
 
 def disconnect_quietly(client: Any) -> None:

@@ -463,7 +463,8 @@ class LockContract(BaseLockContract):
     """``threading.Lock`` semantics: not reentrant, released by any thread."""
 
     __test__ = True
-    locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster")
+    locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster",
+                 "DistLock@sentinel", "aio.DistLock@sentinel")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
         lock = locktype()
@@ -509,7 +510,7 @@ class RLockContract(BaseLockContract):
 
     __test__ = True
     locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock", "DistRLock@cluster",
-                 "aio.DistRLock@cluster")
+                 "aio.DistRLock@cluster", "DistRLock@sentinel", "aio.DistRLock@sentinel")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()
@@ -667,7 +668,8 @@ class DistLockContract:
 
     __test__ = True
     locktypes = ("DistLock", "DistRLock", "aio.DistLock", "aio.DistRLock",
-                 "DistLock@cluster", "DistRLock@cluster", "aio.DistLock@cluster", "aio.DistRLock@cluster")
+                 "DistLock@cluster", "DistRLock@cluster", "aio.DistLock@cluster", "aio.DistRLock@cluster",
+                 "DistLock@sentinel", "DistRLock@sentinel", "aio.DistLock@sentinel", "aio.DistRLock@sentinel")
 
     @pytest.fixture
     def locktype(self, type_id: str, request: pytest.FixtureRequest) -> LockType:
