@@ -28,7 +28,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_IO_TIMEOUT", "renewer", "server_key", "session_client", "shareable"]
+__all__ = ["DEFAULT_IO_TIMEOUT", "renewer", "twinnable", "server_key", "session_client", "shareable"]
 
 #: The socket timeout of the session's own I/O when the user's client has none (seconds): the
 #: default of recent redis-py versions.
@@ -62,6 +62,12 @@ def _twin(pool: Any, overrides: Dict[str, Any], private: bool) -> Any:
         new_pool = redis.ConnectionPool(
             connection_class=pool.connection_class, max_connections=pool.max_connections, **kwargs)
     return redis.Redis(connection_pool=new_pool)
+
+
+def twinnable(client: Any) -> bool:
+    """True for a client built on redis-py's own pools and connection classes (``renewer``
+    can make a twin of it)."""
+    return _pool_of(client) is not None
 
 
 def renewer(client: Any, timeout: float) -> Optional[Any]:

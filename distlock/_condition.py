@@ -90,7 +90,7 @@ class DistCondition(SessionUser):
     def __init__(self, name: str, lock: Any = None, *, client: ClientArg = None) -> None:
         self._name = check_name(name)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         if lock is None:
             lock = DistRLock(name, client=client)
         self._lock = lock

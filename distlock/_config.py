@@ -20,7 +20,7 @@ from ._logic import check_retention, check_seconds
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
-ClientArg = Union["redis.Redis", "redis.RedisCluster", str, None]
+ClientArg = Union["redis.Redis", "redis.RedisCluster", str, "List[Any]", "Tuple[Any, ...]", None]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 
@@ -51,6 +51,9 @@ class Settings:
     queue_cap_factor: float = 10.0
     fence_retention: float = 3600.0
     metric_group: Optional[Callable[[str], str]] = field(default=None, compare=False)
+    #: Redlock (``client=[...]``): the clock drift allowed per hold, in seconds; None: 1% of
+    #: the lease plus 2 ms (see ``_quorum.drift``)
+    redlock_drift: Optional[float] = None
     #: ``fence_retention`` in ms, as the scripts take it (computed once, not per call)
     fence_retention_ms: int = field(init=False, repr=False, compare=False)
 
@@ -86,6 +89,7 @@ def configure(
     wait_cap: Optional[float] = None,
     fence_retention: Optional[float] = None,
     metric_group: Optional[Callable[[str], str]] = None,
+    redlock_drift: Optional[float] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -117,6 +121,8 @@ def configure(
         if not callable(metric_group):
             raise TypeError(f"metric_group must be callable, not {type(metric_group).__name__}")
         changes["metric_group"] = metric_group
+    if redlock_drift is not None:
+        changes["redlock_drift"] = check_drift(redlock_drift)
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")
@@ -132,10 +138,22 @@ def configure(
     return new
 
 
+def check_drift(value: object) -> float:
+    """``configure(redlock_drift=)``: seconds, zero or more."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    return check_seconds(value, "redlock_drift")
+
+
 def check_client(client: object, owner: str = "") -> None:
     """Raise TypeError unless ``client`` is a Redis client or a URL string, ValueError for a
     URL redis-py cannot parse. ``owner``: the class the client is for (its error names the
-    asyncio twin when given an asyncio client)."""
+    asyncio twin when given an asyncio client). A list (a Redlock quorum of independent
+    masters) only for DistLock and DistRLock: see ``_quorum.check_masters``."""
+    if isinstance(client, (list, tuple)):
+        from ._quorum import check_masters
+        check_masters(client, owner, _check_master, _master_address)
+        return
     if isinstance(client, str):
         check_url(client)
         return
@@ -153,6 +171,31 @@ def check_client(client: object, owner: str = "") -> None:
         "client must be a redis.Redis, a redis.RedisCluster or a URL string, "
         f"not {type(client).__name__}"
     )
+
+
+def _check_master(client: object, i: int) -> None:
+    """One master of a Redlock list: a ``redis.Redis`` on redis-py's own pool, or a URL of
+    one server."""
+    if isinstance(client, str):
+        if cluster_url(client) is not None:
+            raise ValueError(f"client[{i}] must name one server, not a cluster: {client!r}")
+        check_url(client)
+        return
+    if is_async_client(client):
+        raise TypeError(f"client[{i}] is an asyncio client: distlock.asyncio does not take a list of "
+                        "clients (a Redlock quorum); give distlock.DistLock redis.Redis masters")
+    from ._clients import twinnable
+    if not isinstance(client, redis.Redis) or not twinnable(client):
+        raise TypeError(f"client[{i}] must be a redis.Redis or a URL string, not {type(client).__name__}")
+
+
+def _master_address(client: object) -> Any:
+    """Which server (and database) a Redlock master names, to refuse the same one twice."""
+    if isinstance(client, str):
+        client = _client_for_url(client)
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    where = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    return f"{where}/{kwargs.get('db', 0)}"
 
 
 def is_async_client(client: object) -> bool:
@@ -174,6 +217,9 @@ def check_async_client(client: object, owner: str) -> None:
         return
     import redis.asyncio as aredis
 
+    if isinstance(client, (list, tuple)):
+        raise TypeError(f"distlock.asyncio.{owner} does not take a list of clients (a Redlock quorum): "
+                        f"use distlock.{owner} with redis.Redis masters")
     if isinstance(client, (aredis.Redis, aredis.RedisCluster)):
         return
     if isinstance(client, redis.Redis) or (
@@ -271,6 +317,9 @@ def resolve_client(client: ClientArg) -> redis.Redis:
         return resolved
     if isinstance(client, str):
         return _client_for_url(client)  # type: ignore[no-any-return]
+    if isinstance(client, (list, tuple)):
+        from ._quorum import made
+        return made([resolve_client(c) for c in client])  # type: ignore[return-value]
     return client  # type: ignore[return-value]
 
 

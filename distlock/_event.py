@@ -54,7 +54,7 @@ class DistEvent(SessionUser):
     def __init__(self, name: str, *, client: ClientArg = None) -> None:
         self._name = check_name(name)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         self._client_arg = client
         self._client: Any = None
         self._keys = EventKeys.of(settings().prefix, self._name)

@@ -121,7 +121,7 @@ class DistSemaphore(SessionUser):
         self._name = check_name(name)
         self._initial = check_sem_value(value)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         self._client_arg = client
         self._client: Any = None
         self._lease = check_lease(lease)

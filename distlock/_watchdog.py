@@ -275,7 +275,8 @@ class Watchdog:
         sent_at = time.monotonic()
         failed = False
         try:
-            batch = self._executor().renewal_batch()
+            executor = self._executor()
+            batch = executor.renewal_batch()
             queued = []
             for hold in holds:
                 try:
@@ -309,7 +310,7 @@ class Watchdog:
             if outcome is RENEWED:
                 counts[0] += 1
                 hold.lease_ms = lease_ms
-                hold.expires_at = sent_at + lease_ms / 1000.0
+                hold.expires_at = sent_at + lease_ms / 1000.0 - executor.margin(lease_ms)
             elif outcome is ENDED:
                 self.drop(hold)  # ended without a loss (a permit released on our behalf)
             else:

@@ -463,7 +463,8 @@ class LockContract(BaseLockContract):
     """``threading.Lock`` semantics: not reentrant, released by any thread."""
 
     __test__ = True
-    locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster")
+    locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster",
+                 "DistLock@redlock")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
         lock = locktype()
@@ -509,7 +510,7 @@ class RLockContract(BaseLockContract):
 
     __test__ = True
     locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock", "DistRLock@cluster",
-                 "aio.DistRLock@cluster")
+                 "aio.DistRLock@cluster", "DistRLock@redlock")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()
