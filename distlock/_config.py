@@ -190,12 +190,12 @@ def _check_master(client: object, i: int) -> None:
 
 
 def _master_address(client: object) -> Any:
-    """Which server (and database) a Redlock master names, to refuse the same one twice."""
+    """Which server a Redlock master names, to refuse the same one twice (two databases of
+    one server fail together: they are not independent masters)."""
     if isinstance(client, str):
         client = _client_for_url(client)
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    where = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-    return f"{where}/{kwargs.get('db', 0)}"
+    return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
 def is_async_client(client: object) -> bool:

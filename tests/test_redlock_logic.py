@@ -147,10 +147,9 @@ def test_the_same_server_twice_is_a_value_error() -> None:
         distlock.DistRLock("x", client=[b, redis.Redis(host="127.0.0.1", port=40001)])
     with pytest.raises(ValueError, match="same server"):
         distlock.DistLock("x", client=["redis://127.0.0.1:40001/0", b])
-    # another database of one server is another server as far as Redlock can tell: refused too?
-    # no: a database is independent data, but not an independent failure; it is accepted, and
-    # the guide says so
-    distlock.DistLock("x", client=[b, redis.Redis(host="127.0.0.1", port=40001, db=1)])
+    # another database of the same server fails with it: not an independent master either
+    with pytest.raises(ValueError, match="same server"):
+        distlock.DistLock("x", client=[b, redis.Redis(host="127.0.0.1", port=40001, db=1)])
 
 
 def test_a_cluster_url_in_the_list_is_refused() -> None:
