@@ -16,7 +16,9 @@ replies into the one reply a single server would have given (the arithmetic is i
   own is kept here (``_Part``), and its releases, renewals and re-entries are sent with it.
 - **A failed try is undone** on every master that granted, and on every master whose reply
   did not come back in time (it may have run: DESIGN principle 13), with ``lock_undo``, which
-  ends only the hold that very try made (each try writes a holder info of its own).
+  ends only the hold that very try made (each try writes a holder info of its own). A grant
+  that counted is undone likewise where it did not count (no reply in time; a master that
+  sits out); where even the undo got no reply, the release sends it again.
 - **Too few masters answered**: ``QuorumError`` (the lock's wait retries it until its timeout).
 - **Renewals** (the watchdog's batch) go to every master that still has the hold; a master
   that says it is gone is dropped, so the quorum only shrinks. A quorum renewed it: renewed
@@ -110,7 +112,7 @@ class _Part:
     """A live Redlock hold as the masters know it: each master's token, the holder info of the
     try that made it, its deadline and (for the tests) the validity it was granted with."""
 
-    __slots__ = ("token", "tokens", "info", "until", "validity")
+    __slots__ = ("token", "tokens", "info", "until", "validity", "doubtful")
 
     def __init__(self, token: int, tokens: Dict[int, int], info: str, until: float, validity_: float) -> None:
         self.token = token
@@ -118,6 +120,9 @@ class _Part:
         self.info = info
         self.until = until
         self.validity = validity_
+        #: masters where the try may have left a hold that no undo has ended yet (their reply,
+        #: and the undo's, were lost): the release sends them ``lock_undo`` again
+        self.doubtful: List[int] = []
 
 
 #: the reply of a master that did not vote (it has been up for less than one lease)
@@ -327,10 +332,11 @@ class QuorumExecutor(Executor):
         if grants >= self.required and valid > 0:
             tokens = {i: int(r) for i, r in replies.items()
                       if not isinstance(r, BaseException) and int(r) > 0}
-            if undo:
-                self._undo(keys, owner, info, undo)
+            doubtful = self._undo(keys, owner, info, undo) if undo else []
             token = max(tokens.values())
-            self._keep(keys[0], owner, _Part(token, tokens, info, sent + lease - drift_, valid))
+            part = _Part(token, tokens, info, sent + lease - drift_, valid)
+            part.doubtful = doubtful
+            self._keep(keys[0], owner, part)
             return token
         undo += [i for i, r in replies.items() if not isinstance(r, BaseException) and int(r) > 0]
         if undo:
@@ -339,12 +345,15 @@ class QuorumExecutor(Executor):
             raise self._quorum_error(answered)
         return busy_reply(replies.values())
 
-    def _undo(self, keys: Tuple[str, ...], owner: str, info: str, masters: List[int]) -> None:
+    def _undo(self, keys: Tuple[str, ...], owner: str, info: str, masters: List[int]) -> List[int]:
         """Send ``lock_undo`` for one try to ``masters`` (``keys``: the lock's hash first, its
-        registry last); a master that cannot be reached keeps the try's hold until its lease
-        ends (the try did not count). Safe to repeat: it ends only that try's hold."""
+        registry last); return those where it may not have run (no reply). Such a master keeps
+        the try's hold until its lease ends (the try did not count there). Safe to repeat: it
+        ends only that try's hold."""
         entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
-        self.fanout({i: [entry] for i in masters}, time.monotonic() + REPLY_CAP)
+        out = self.fanout({i: [entry] for i in masters}, time.monotonic() + REPLY_CAP, entry)
+        return [i for i, got in out.items() if isinstance(got, BaseException)
+                and not getattr(got, "undone", False)]
 
     def _keep(self, key: str, owner: str, part: _Part) -> None:
         now = time.monotonic()
@@ -414,9 +423,8 @@ class QuorumExecutor(Executor):
                                          if i in out and not isinstance(r, BaseException)))
         if left <= 0:
             self._drop(keys[0], owner, part)
-            missing = [i for i in range(self.n) if i not in out]
-            if missing:  # masters whose grant reply was lost: the try's hold may be there
-                self._undo(keys, owner, part.info, missing)
+            if part.doubtful:  # masters where the grant's try may still be, not undone yet
+                self._undo(keys, owner, part.info, part.doubtful)
         return left
 
     def _everywhere(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:

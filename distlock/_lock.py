@@ -131,7 +131,9 @@ class _LockBase(SessionUser):
 
         Tokens of one name strictly increase with every grant (re-entries keep theirs), also
         across a restart of a Redis that kept nothing. Pass it to the resource you write, and
-        let the resource refuse any token lower than one it has seen.
+        let the resource refuse any token lower than one it has seen. On a Redlock quorum
+        (``client=[...]``) it is the largest of the quorum's tokens, and independent masters'
+        tokens do not compose: it is not promised to increase (docs/guides/redlock.rst).
         """
         hold = self._current(self._session())
         return hold.token if hold is not None and not hold.lost else None
