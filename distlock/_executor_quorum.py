@@ -296,7 +296,9 @@ class QuorumExecutor(Executor):
         now = time.monotonic()
         voters = [m.index for m in self.masters if not sits_out(m.started_at, now, lease)]
         if len(voters) < self.required:
-            raise self._quorum_error(len(voters))
+            raise QuorumError(f"only {len(voters)} of {self.n} masters can vote ({self.required} required): "
+                              "the others have been up for less than one lease",
+                              answered=len(voters), required=self.required)
         # a holder info of this try's own: lock_undo ends only the hold this very try made
         host, _, pid = str(args[3]).rpartition(":")
         info = f"{host}#{self._nonce}{next(self._tries):x}:{pid}"
