@@ -49,11 +49,11 @@ __all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "rele
 log = logging.getLogger("distlock")
 
 _UNSET: Any = object()
+T = TypeVar("T")
 
 #: How long (ms) a blocking acquire on a Redlock quorum that could not be reached waits before
 #: it tries again (DistLock(name, client=[...]); see ``_executor_quorum``).
 QUORUM_RETRY_MS = 100
-T = TypeVar("T")
 
 
 class _LockBase(SessionUser):
