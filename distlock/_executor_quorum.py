@@ -66,6 +66,11 @@ from ._quorum import (
 
 __all__ = ["QuorumExecutor", "QuorumBatch", "QuorumDispatcher", "is_quorum"]
 
+#: How long (seconds) a master that could not be reached (no connection) is left out of the
+#: fan-outs before it is tried again: a host that is down costs one connect timeout per pause,
+#: not one per try.
+DOWN_PAUSE = 1.0
+
 #: One entry of a fan-out: (script name, keys, args), or ('', the command, ()).
 Entry = Tuple[str, Tuple[Any, ...], Tuple[Any, ...]]
 
@@ -96,6 +101,10 @@ class _Master:
         self.started_at: Optional[float] = None
         #: the scripts known to be in its script cache
         self.loaded: Set[str] = set()
+        #: a master that could not be reached is not tried again before then (monotonic),
+        #: and this is every try's answer meanwhile
+        self.down_until = 0.0
+        self.down: BaseException = redis.exceptions.ConnectionError("not reached")
 
     def learn(self, info: Any, at: float) -> None:
         """What a new connection's ``INFO server`` says: its run id and since when it is up."""
@@ -193,9 +202,15 @@ class QuorumExecutor(Executor):
                 out[i] = []
                 continue
             master = self.masters[i]
+            now = time.monotonic()
+            if master.down_until > now:
+                out[i] = master.down  # could not be reached a moment ago: not tried again yet
+                continue
             try:
                 conn = master.take()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                exc.unsent = True  # type: ignore[union-attr]  # nothing reached the server
+                master.down, master.down_until = exc, time.monotonic() + DOWN_PAUSE
                 out[i] = exc
                 continue
             # what the connection needs first: on a new one, who the server is and every
@@ -220,6 +235,7 @@ class QuorumExecutor(Executor):
                 master.give_back(conn)
                 if not isinstance(exc, Exception):
                     raise
+                exc.unsent = True  # type: ignore[attr-defined]  # not all of it: the last command is incomplete
                 out[i] = exc
                 continue
             sent.append((master, conn, prefix, len(entries)))
@@ -321,7 +337,7 @@ class QuorumExecutor(Executor):
             reply = got if isinstance(got, BaseException) else got[0]
             if isinstance(reply, BaseException):
                 lost = not isinstance(reply, redis.exceptions.ResponseError)
-                if lost and not getattr(reply, "undone", False):
+                if lost and not getattr(reply, "unsent", False) and not getattr(reply, "undone", False):
                     undo.append(i)  # no reply, and no undo behind the try: the try may have run there
             elif sits_out(self.masters[i].started_at, done, lease):
                 # a new connection found the master up for less than one lease: not a vote
@@ -355,7 +371,7 @@ class QuorumExecutor(Executor):
         entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
         out = self.fanout({i: [entry] for i in masters}, time.monotonic() + REPLY_CAP, entry)
         return [i for i, got in out.items() if isinstance(got, BaseException)
-                and not getattr(got, "undone", False)]
+                and not getattr(got, "undone", False) and not getattr(got, "unsent", False)]
 
     def _keep(self, key: str, owner: str, part: _Part) -> None:
         now = time.monotonic()
