@@ -41,7 +41,7 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Generator, List, Optional, Set, Tuple, TypeVar
 
 import redis
 
@@ -73,6 +73,11 @@ DOWN_PAUSE = 1.0
 
 #: One entry of a fan-out: (script name, keys, args), or ('', the command, ()).
 Entry = Tuple[str, Tuple[Any, ...], Tuple[Any, ...]]
+
+T = TypeVar("T")
+
+#: A plan (see ``QuorumExecutor.plan``): yields (jobs, deadline, undo), is sent fanout's result.
+Plan = Generator[Tuple[Dict[int, List[Entry]], float, Optional[Entry]], Dict[int, Any], T]
 
 
 def is_quorum(client: Any) -> bool:
@@ -287,9 +292,33 @@ class QuorumExecutor(Executor):
                 replies.append(exc)  # the whole reply was read: the connection is clean
         return replies
 
-    # --- scripts ------------------------------------------------------------------------------
+    # --- scripts: each operation is a *plan* --------------------------------------------------
+    #
+    # A plan is a generator that decides everything and yields each fan-out it needs as
+    # ``(jobs, deadline, undo)``, then is sent what ``fanout`` returned (or thrown its error):
+    # ``_send`` drives it with the blocking ``fanout``; the asyncio port
+    # (``_asession_quorum``) drives the same plan with its own, so the quorum's rules have
+    # one copy.
 
     def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+        return self.drive(self.plan(name, keys, args))
+
+    def drive(self, plan: Plan[T]) -> T:
+        """Run ``plan`` with the blocking ``fanout``; its result, or its error."""
+        try:
+            request = next(plan)
+            while True:
+                try:
+                    out = self.fanout(*request)
+                except BaseException as exc:  # noqa: BLE001 - the plan decides what it means
+                    request = plan.throw(exc)
+                else:
+                    request = plan.send(out)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def plan(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[Any]:
+        """The plan of script ``name`` (see above)."""
         if name == "lock_acquire":
             mode = args[4] if len(args) > 4 else ""
             if mode in ("", "w", "p"):
@@ -305,7 +334,7 @@ class QuorumExecutor(Executor):
         return QuorumError(f"only {answered} of {self.n} masters answered ({self.required} required)",
                            answered=answered, required=self.required)
 
-    def _acquire(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> int:
+    def _acquire(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[int]:
         owner, ms = str(args[0]), int(args[1])
         lease = ms / 1000.0
         drift_ = self.margin(ms)
@@ -322,11 +351,12 @@ class QuorumExecutor(Executor):
         sent = time.monotonic()
         undo_entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
         try:
-            out = self.fanout({i: [entry] for i in voters}, sent + reply_bound(lease, drift_), undo_entry)
+            out = yield ({i: [entry] for i in voters}, sent + reply_bound(lease, drift_), undo_entry)
         except BaseException:
-            # interrupted (KeyboardInterrupt) with replies unread: undo the try everywhere
+            # interrupted (KeyboardInterrupt, a cancelled task) with replies unread: undo the
+            # try everywhere
             try:
-                self._undo(keys, owner, info, voters)
+                yield from self._undo(keys, owner, info, voters)
             except Exception:  # noqa: BLE001 - what cannot be undone ends with its lease
                 pass
             raise
@@ -350,7 +380,7 @@ class QuorumExecutor(Executor):
         if grants >= self.required and valid > 0:
             tokens = {i: int(r) for i, r in replies.items()
                       if not isinstance(r, BaseException) and int(r) > 0}
-            doubtful = self._undo(keys, owner, info, undo) if undo else []
+            doubtful = (yield from self._undo(keys, owner, info, undo)) if undo else []
             token = max(tokens.values())
             part = _Part(token, tokens, info, sent + lease - drift_, valid)
             part.doubtful = doubtful
@@ -358,18 +388,18 @@ class QuorumExecutor(Executor):
             return token
         undo += [i for i, r in replies.items() if not isinstance(r, BaseException) and int(r) > 0]
         if undo:
-            self._undo(keys, owner, info, undo)
+            yield from self._undo(keys, owner, info, undo)
         if answered < self.required:
             raise self._quorum_error(answered)
         return busy_reply(replies.values())
 
-    def _undo(self, keys: Tuple[str, ...], owner: str, info: str, masters: List[int]) -> List[int]:
+    def _undo(self, keys: Tuple[str, ...], owner: str, info: str, masters: List[int]) -> Plan[List[int]]:
         """Send ``lock_undo`` for one try to ``masters`` (``keys``: the lock's hash first, its
         registry last); return those where it may not have run (no reply). Such a master keeps
         the try's hold until its lease ends (the try did not count there). Safe to repeat: it
         ends only that try's hold."""
         entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
-        out = self.fanout({i: [entry] for i in masters}, time.monotonic() + REPLY_CAP, entry)
+        out = yield ({i: [entry] for i in masters}, time.monotonic() + REPLY_CAP, entry)
         return [i for i, got in out.items() if isinstance(got, BaseException)
                 and not getattr(got, "undone", False) and not getattr(got, "unsent", False)]
 
@@ -391,7 +421,7 @@ class QuorumExecutor(Executor):
             if self.parts.get((key, owner)) is part:
                 del self.parts[(key, owner)]
 
-    def _reenter(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> int:
+    def _reenter(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[int]:
         owner = str(args[0])
         part = self._part(keys[0], owner, args[4])
         if part is None:
@@ -399,7 +429,7 @@ class QuorumExecutor(Executor):
         ms = int(args[1])
         jobs = {i: [("lock_acquire", keys, (*args[:4], str(tok), *args[5:]))]
                 for i, tok in part.tokens.items()}
-        out = self.fanout(jobs, time.monotonic() + reply_bound(ms / 1000.0, self.margin(ms)))
+        out = yield (jobs, time.monotonic() + reply_bound(ms / 1000.0, self.margin(ms)), None)
         replies: List[Any] = []
         for i, got in out.items():
             reply = got if isinstance(got, BaseException) else got[0]
@@ -417,14 +447,14 @@ class QuorumExecutor(Executor):
             return 0
         raise self._quorum_error(sum(1 for r in replies if not isinstance(r, BaseException)))
 
-    def _release(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> int:
+    def _release(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[int]:
         owner = str(args[0])
         part = self._part(keys[0], owner, args[1])
         if part is None:
             return -1
         jobs = {i: [("lock_release", keys, (args[0], str(tok), *args[2:]))]
                 for i, tok in part.tokens.items()}
-        out = self.fanout(jobs, time.monotonic() + REPLY_CAP)
+        out = yield (jobs, time.monotonic() + REPLY_CAP, None)
         replies: List[Any] = []
         for i in range(self.n):
             got = out.get(i)
@@ -442,11 +472,11 @@ class QuorumExecutor(Executor):
         if left <= 0:
             self._drop(keys[0], owner, part)
             if part.doubtful:  # masters where the grant's try may still be, not undone yet
-                self._undo(keys, owner, part.info, part.doubtful)
+                yield from self._undo(keys, owner, part.info, part.doubtful)
         return left
 
-    def _everywhere(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
-        out = self.fanout({i: [(name, keys, args)] for i in range(self.n)}, time.monotonic() + REPLY_CAP)
+    def _everywhere(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[Any]:
+        out = yield ({i: [(name, keys, args)] for i in range(self.n)}, time.monotonic() + REPLY_CAP, None)
         replies = [got if isinstance(got, BaseException) else got[0] for got in out.values()]
         for reply in replies:
             if not isinstance(reply, BaseException):
@@ -456,6 +486,9 @@ class QuorumExecutor(Executor):
     # --- the other kinds of traffic ---------------------------------------------------------
 
     def read(self, *command: Any) -> Any:
+        return self.drive(self.read_plan(*command))
+
+    def read_plan(self, *command: Any) -> Plan[Any]:
         """EXISTS of a lock (``locked()``): 1 when a quorum of masters has it. Other commands
         are not read on a quorum."""
         if str(command[0]).upper() == "HMGET":
@@ -464,7 +497,7 @@ class QuorumExecutor(Executor):
             return [None] * (len(command) - 2)
         if str(command[0]).upper() != "EXISTS":
             raise TypeError(f"distlock: {command[0]} is not read on a Redlock quorum")
-        out = self.fanout({i: [("", command, ())] for i in range(self.n)}, time.monotonic() + REPLY_CAP)
+        out = yield ({i: [("", command, ())] for i in range(self.n)}, time.monotonic() + REPLY_CAP, None)
         replies = [got if isinstance(got, BaseException) else got[0] for got in out.values()]
         answered = [r for r in replies if not isinstance(r, BaseException)]
         if len(answered) < self.required:
