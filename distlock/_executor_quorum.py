@@ -180,61 +180,106 @@ class QuorumExecutor(Executor):
         it). Its ``TimeoutError`` then has ``undone`` set."""
         out = self._round(jobs, deadline, undo)
         for _ in range(NOSCRIPT_TRIES):
-            again: Dict[int, List[Entry]] = {}
-            where: Dict[int, List[int]] = {}
-            for i, replies in out.items():
-                if isinstance(replies, BaseException):
-                    continue
-                for k, reply in enumerate(replies):
-                    if isinstance(reply, redis.exceptions.NoScriptError):
-                        self.masters[i].loaded.discard(jobs[i][k][0])
-                        again.setdefault(i, []).append(jobs[i][k])
-                        where.setdefault(i, []).append(k)
+            again, where = self.reloads(jobs, out)
             if not again:
                 break
-            for i, replies in self._round(again, deadline, undo).items():
-                for k, reply in zip(where[i], replies if isinstance(replies, list) else
-                                    [replies] * len(where[i])):
-                    out[i][k] = reply
+            merge(out, where, self._round(again, deadline, undo))
         return out
+
+    # --- what both shells' fan-outs share (the asyncio one: ``_asession_quorum``) -------------
+
+    def reloads(self, jobs: Dict[int, List[Entry]], out: Dict[int, Any]) -> Tuple[Dict[int, List[Entry]],
+                                                                                  Dict[int, List[int]]]:
+        """The entries answered NOSCRIPT (they did not run: sent again, with their script),
+        per master, and where their replies go."""
+        again: Dict[int, List[Entry]] = {}
+        where: Dict[int, List[int]] = {}
+        for i, replies in out.items():
+            if isinstance(replies, BaseException):
+                continue
+            for k, reply in enumerate(replies):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    self.masters[i].loaded.discard(jobs[i][k][0])
+                    again.setdefault(i, []).append(jobs[i][k])
+                    where.setdefault(i, []).append(k)
+        return again, where
+
+    def skipped(self, master: _Master) -> Optional[BaseException]:
+        """The answer of a master that could not be reached a moment ago (not tried again
+        before ``DOWN_PAUSE`` has passed), else None."""
+        return master.down if master.down_until > time.monotonic() else None
+
+    @staticmethod
+    def unreached(master: _Master, exc: BaseException) -> BaseException:
+        """A connection to ``master`` could not be opened: nothing was sent; leave it alone for
+        ``DOWN_PAUSE``."""
+        exc.unsent = True  # type: ignore[attr-defined]
+        master.down, master.down_until = exc, time.monotonic() + DOWN_PAUSE
+        return exc
+
+    def prepare(self, master: _Master, entries: List[Entry],
+                fresh: bool) -> Tuple[List[Tuple[str, str]], bytes]:
+        """What to write to ``master`` for ``entries``: on a ``fresh`` connection, first who
+        the server is (INFO) and every script its entries run (its cache may be empty), else
+        the scripts not known to be loaded; then the entries. Returns that prefix and the
+        packed bytes."""
+        prefix: List[Tuple[str, str]] = [("info", "")] if fresh else []
+        names = {name for name, _, _ in entries if name}
+        prefix += [("load", name) for name in sorted(names if fresh else names - master.loaded)]
+        commands: List[Tuple[Any, ...]] = []
+        for kind, name in prefix:
+            commands.append(("INFO", "server") if kind == "info" else
+                            ("SCRIPT", "LOAD", self.scripts[name].script))
+        for name, keys, args in entries:
+            if name:
+                commands.append(("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args))
+            else:
+                commands.append(keys)
+        return prefix, b"".join(master.pack(c)[0] for c in commands)
+
+    @staticmethod
+    def absorb(master: _Master, prefix: List[Tuple[str, str]], replies: List[Any]) -> Tuple[List[Any], bool]:
+        """Learn from the prefix's replies (who the server is, the scripts now loaded); return
+        the entries' replies and whether the server was identified (the connection is then
+        known)."""
+        at = time.monotonic()
+        known = False
+        for (kind, name), reply in zip(prefix, replies):
+            if isinstance(reply, BaseException):
+                continue
+            if kind == "info":
+                master.learn(reply, at)
+                known = True
+            else:
+                master.loaded.add(name)
+        return replies[len(prefix):], known
+
+    def behind(self, master: _Master, entry: Entry) -> List[bytes]:
+        """``entry`` packed as EVAL (no script cache needed), to write behind a try."""
+        name, keys, args = entry
+        return master.pack(("EVAL", self.scripts[name].script, len(keys), *keys, *args))
+
+    # --- the blocking fan-out -----------------------------------------------------------------
 
     def _round(self, jobs: Dict[int, List[Entry]], deadline: float,
                undo: Optional[Entry] = None) -> Dict[int, Any]:
         out: Dict[int, Any] = {}
         sent: List[Tuple[_Master, Any, List[Tuple[str, str]], int]] = []
         for i, entries in jobs.items():
-            if not entries:
-                out[i] = []
-                continue
             master = self.masters[i]
-            now = time.monotonic()
-            if master.down_until > now:
-                out[i] = master.down  # could not be reached a moment ago: not tried again yet
+            skip = self.skipped(master)
+            if not entries or skip is not None:
+                out[i] = skip if skip is not None else []
                 continue
             try:
                 conn = master.take()
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                exc.unsent = True  # type: ignore[union-attr]  # nothing reached the server
-                master.down, master.down_until = exc, time.monotonic() + DOWN_PAUSE
-                out[i] = exc
+                out[i] = self.unreached(master, exc)
                 continue
-            # what the connection needs first: on a new one, who the server is and every
-            # script (its cache may be empty); else the scripts not known to be loaded
             fresh = getattr(conn, "_distlock_sock", None) is not conn._sock
-            prefix: List[Tuple[str, str]] = [("info", "")] if fresh else []
-            names = {name for name, _, _ in entries if name}
-            prefix += [("load", name) for name in sorted(names if fresh else names - master.loaded)]
-            commands: List[Tuple[Any, ...]] = []
-            for kind, name in prefix:
-                commands.append(("INFO", "server") if kind == "info" else
-                                ("SCRIPT", "LOAD", self.scripts[name].script))
-            for name, keys, args in entries:
-                if name:
-                    commands.append(("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args))
-                else:
-                    commands.append(keys)
+            prefix, packed = self.prepare(master, entries, fresh)
             try:
-                conn.send_packed_command([b"".join(master.pack(c)[0] for c in commands)])
+                conn.send_packed_command([packed])
             except BaseException as exc:
                 conn.disconnect()
                 master.give_back(conn)
@@ -257,25 +302,16 @@ class QuorumExecutor(Executor):
                 out[master.index] = exc
                 continue
             master.give_back(conn)
-            at = time.monotonic()
-            for (kind, name), reply in zip(prefix, replies):
-                if isinstance(reply, BaseException):
-                    continue
-                if kind == "info":
-                    master.learn(reply, at)
-                    conn._distlock_sock = conn._sock
-                else:
-                    master.loaded.add(name)
-            out[master.index] = replies[len(prefix):]
+            out[master.index], known = self.absorb(master, prefix, replies)
+            if known:
+                conn._distlock_sock = conn._sock
         return out
 
     def _send_behind(self, master: _Master, conn: Any, entry: Entry) -> bool:
-        """Write ``entry`` as EVAL (no script cache needed) on ``conn``, not reading its reply;
-        True when it was written."""
-        name, keys, args = entry
+        """Write ``entry`` behind what ``conn`` was sent, not reading its reply; True when it
+        was written."""
         try:
-            command = ("EVAL", self.scripts[name].script, len(keys), *keys, *args)
-            conn.send_packed_command(master.pack(command))
+            conn.send_packed_command(self.behind(master, entry))
         except Exception:  # noqa: BLE001 - the connection broke: the server has what it got
             return False
         return True
@@ -523,6 +559,13 @@ class QuorumExecutor(Executor):
 
     def dispatcher(self, source: Callable[[], Any], tag: str) -> Any:
         return QuorumDispatcher(source, tag, self.masters)
+
+
+def merge(out: Dict[int, Any], where: Dict[int, List[int]], again: Dict[int, Any]) -> None:
+    """Put the replies of entries sent again (``reloads``) in their places in ``out``."""
+    for i, replies in again.items():
+        for k, reply in zip(where[i], replies if isinstance(replies, list) else [replies] * len(where[i])):
+            out[i][k] = reply
 
 
 class QuorumBatch(Batch):
