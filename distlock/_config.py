@@ -182,11 +182,29 @@ def _check_master(client: object, i: int) -> None:
         check_url(client)
         return
     if is_async_client(client):
-        raise TypeError(f"client[{i}] is an asyncio client: distlock.asyncio does not take a list of "
-                        "clients (a Redlock quorum); give distlock.DistLock redis.Redis masters")
+        raise TypeError(f"client[{i}] is an asyncio client: give distlock.DistLock redis.Redis masters, "
+                        "or use distlock.asyncio.DistLock")
     from ._clients import twinnable
     if not isinstance(client, redis.Redis) or not twinnable(client):
         raise TypeError(f"client[{i}] must be a redis.Redis or a URL string, not {type(client).__name__}")
+
+
+def _check_async_master(client: object, i: int) -> None:
+    """One master of a Redlock list of the asyncio shell: a ``redis.asyncio.Redis``, or a URL
+    of one server."""
+    if isinstance(client, str):
+        if cluster_url(client) is not None:
+            raise ValueError(f"client[{i}] must name one server, not a cluster: {client!r}")
+        check_url(client)
+        return
+    import redis.asyncio as aredis
+
+    if isinstance(client, redis.Redis):
+        raise TypeError(f"client[{i}] is a blocking client: give distlock.asyncio redis.asyncio.Redis "
+                        "masters, or use distlock.DistLock")
+    if not isinstance(client, aredis.Redis):
+        raise TypeError(f"client[{i}] must be a redis.asyncio.Redis or a URL string, "
+                        f"not {type(client).__name__}")
 
 
 def _master_address(client: object) -> Any:
@@ -218,8 +236,9 @@ def check_async_client(client: object, owner: str) -> None:
     import redis.asyncio as aredis
 
     if isinstance(client, (list, tuple)):
-        raise TypeError(f"distlock.asyncio.{owner} does not take a list of clients (a Redlock quorum): "
-                        f"use distlock.{owner} with redis.Redis masters")
+        from ._quorum import check_masters
+        check_masters(client, owner, _check_async_master, _master_address)
+        return
     if isinstance(client, (aredis.Redis, aredis.RedisCluster)):
         return
     if isinstance(client, redis.Redis) or (
@@ -345,6 +364,9 @@ def resolve_async_client(client: Any) -> Any:
                 "blocking classes: give distlock.asyncio a client (client=redis.asyncio.Redis(...)), "
                 "or call configure() with a redis.asyncio.Redis or a URL")
         client = chosen
+    if isinstance(client, (list, tuple)):
+        from ._quorum import made as quorum_of
+        return quorum_of([resolve_async_client(c) for c in client])
     if not isinstance(client, str):
         return client
     loop = asyncio.get_running_loop()

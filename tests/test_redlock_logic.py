@@ -181,11 +181,14 @@ def test_configure_refuses_a_list() -> None:
         distlock.configure(_clients())
 
 
-def test_asyncio_refuses_a_list() -> None:
-    with pytest.raises(TypeError, match="does not take a list of clients"):
+def test_asyncio_takes_a_list_of_asyncio_masters_only() -> None:
+    with pytest.raises(TypeError, match=r"^client\[0\] is a blocking client"):
         aio.DistLock("x", client=_clients())
     with pytest.raises(TypeError, match="does not take a list of clients"):
         aio.DistSemaphore("x", client=_clients())
+    import redis.asyncio as aredis
+    with pytest.raises(TypeError, match=r"^client\[1\] is an asyncio client"):
+        distlock.DistLock("x", client=[redis.Redis(port=40000), aredis.Redis(port=40001)])
 
 
 def test_redlock_drift_setting() -> None:
