@@ -113,6 +113,7 @@ class AsyncQuorumPort(AsyncPort):
         executor = self.quorum
         out: Dict[int, Any] = {}
         sent: List[Tuple[Any, Any, List[Tuple[str, str]], int]] = []
+        tasks: List[asyncio.Future[List[Any]]] = []
         try:
             for i, entries in jobs.items():
                 master = executor.masters[i]
@@ -139,22 +140,38 @@ class AsyncQuorumPort(AsyncPort):
                     out[i] = exc
                     continue
                 sent.append((master, conn, prefix, len(entries)))
-            reads = await asyncio.gather(*(self._read(conn, len(prefix) + count, deadline)
-                                           for _, conn, prefix, count in sent), return_exceptions=True)
+            # Every reply is read by a task of its own, which is never cancelled before the
+            # undo is written behind its try: redis-py closes a connection whose read is
+            # cancelled, and the undo must go on that very connection (see ``fanout``).
+            tasks = [asyncio.ensure_future(self._read(conn, len(prefix) + count))
+                     for _, conn, prefix, count in sent]
+            if tasks:
+                await asyncio.wait(tasks, timeout=max(0.0, deadline - time.monotonic()))
         except BaseException:
             # cancelled with replies unread: the undo behind each try, then give every
             # connection up (a reply may still be on its way)
-            for master, conn, _, _ in sent:
-                if undo is not None:
+            for k, (master, conn, _, _) in enumerate(sent):
+                if k < len(tasks) and not tasks[k].done() and undo is not None:
                     await self._send_behind(master, conn, undo)
+                if k < len(tasks):
+                    tasks[k].cancel()
                 await conn.disconnect(nowait=True)
                 await self._pools[master.index][1](conn)
             raise
-        for (master, conn, prefix, _), got in zip(sent, reads):
+        for (master, conn, prefix, _), task in zip(sent, tasks):
             give = self._pools[master.index][1]
+            got: Any
+            if not task.done():
+                got = redis.exceptions.TimeoutError("no reply in time")
+                if undo is not None:
+                    got.undone = await self._send_behind(master, conn, undo)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            else:
+                got = task.exception() if not task.cancelled() else asyncio.CancelledError()
+                if got is None:
+                    got = task.result()
             if isinstance(got, BaseException):
-                if undo is not None and isinstance(got, redis.exceptions.TimeoutError):
-                    got.undone = await self._send_behind(master, conn, undo)  # type: ignore[attr-defined]
                 await conn.disconnect(nowait=True)
                 await give(conn)
                 if not isinstance(got, Exception):
@@ -182,24 +199,14 @@ class AsyncQuorumPort(AsyncPort):
         return conn
 
     @staticmethod
-    async def _read(conn: Any, count: int, deadline: float) -> List[Any]:
-        async def replies() -> List[Any]:
-            got: List[Any] = []
-            for _ in range(count):
-                try:
-                    got.append(await conn.read_response())
-                except redis.exceptions.ResponseError as exc:
-                    got.append(exc)  # the whole reply was read: the connection is clean
-            return got
-
-        left = max(0.0, deadline - time.monotonic())
-        try:
-            if _timeout is None:  # Python < 3.11
-                return await asyncio.wait_for(replies(), left)
-            async with _timeout(left):
-                return await replies()
-        except asyncio.TimeoutError:
-            raise redis.exceptions.TimeoutError("no reply in time") from None
+    async def _read(conn: Any, count: int) -> List[Any]:
+        got: List[Any] = []
+        for _ in range(count):
+            try:
+                got.append(await conn.read_response())
+            except redis.exceptions.ResponseError as exc:
+                got.append(exc)  # the whole reply was read: the connection is clean
+        return got
 
     async def _send_behind(self, master: Any, conn: Any, entry: Entry) -> bool:
         try:
