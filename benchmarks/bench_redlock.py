@@ -21,7 +21,11 @@ Usage::
 
     python benchmarks/bench_redlock.py [--quick] [--json out.json] [figure ...]
 
-Figures: uncontended, roundtrips (default: both).
+- asyncio: the same uncontended figure in the asyncio shell (``distlock.asyncio.DistLock`` on
+  ``redis.asyncio`` clients), in interleaved rounds inside one event loop, against the floor of
+  two EVALSHA of ``return 1`` on an asyncio client of the single server.
+
+Figures: uncontended, roundtrips, asyncio (default: all).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Awaitable, Callable, Dict, List, Optional
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``distlock`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,7 +45,7 @@ from benchmarks import _common as C  # noqa: E402
 from distlock import DistLock, configure  # noqa: E402
 from distlock._server import RedisServer  # noqa: E402
 
-FIGURES = ("uncontended", "roundtrips")
+FIGURES = ("uncontended", "roundtrips", "asyncio")
 
 #: the watchdog lease of the run (seconds): the masters must have been up that long
 LEASE = 2.0
@@ -131,6 +135,58 @@ def roundtrips(client: Any, masters: List[redis.Redis], knobs: Knobs) -> List[C.
     return rows
 
 
+def asyncio_figure(url: str, servers: List[RedisServer], knobs: Knobs) -> List[C.Row]:
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    import distlock.asyncio as aio
+
+    async def main() -> Dict[str, List[float]]:
+        single = aredis.Redis.from_url(url)
+        masters = [aredis.Redis.from_url(s.url) for s in servers]
+        script = single.register_script("return 1")
+
+        async def floor() -> None:
+            await script()
+            await script()
+
+        def cycle(lock: Any) -> Callable[[], Awaitable[None]]:
+            async def op() -> None:
+                await lock.acquire()
+                await lock.release()
+            return op
+
+        ops = {"floor": floor,
+               "asyncio DistLock, one server": cycle(aio.DistLock("bench:redlock:aio1", client=single)),
+               "asyncio DistLock, Redlock on 3 masters": cycle(aio.DistLock("bench:redlock:aio3",
+                                                                            client=masters[:3])),
+               "asyncio DistLock, Redlock on 5 masters": cycle(aio.DistLock("bench:redlock:aio5",
+                                                                            client=masters))}
+        out: Dict[str, List[float]] = {name: [] for name in ops}
+        try:
+            for op in ops.values():
+                for _ in range(20):
+                    await op()
+            for rnd in range(knobs.rounds):
+                for name in C.round_robin(list(ops), rnd):
+                    t0 = time.perf_counter()
+                    for _ in range(knobs.ops):
+                        await ops[name]()
+                    out[name].append((time.perf_counter() - t0) / knobs.ops * 1e6)
+        finally:
+            await asyncio.sleep(0.5)  # distlock's reader tasks end
+            for c in [single, *masters]:
+                await c.aclose()
+        return out
+
+    per_round = asyncio.run(main())
+    ratios = C.per_round_ratios(per_round, "floor")
+    return [C.Row("uncontended acquire+release, asyncio", label, C.median(per_round[label]), "µs/op",
+                  C.median(ratios[label]), note="two EVALSHA of 'return 1'" if label == "floor" else "")
+            for label in per_round]
+
+
 def _run(client: Any, url: str, knobs: Knobs, figures: List[str]) -> List[C.Row]:
     configure(lease=LEASE, renew_interval=LEASE / 4)
     C.eprint("starting 5 masters")
@@ -145,6 +201,9 @@ def _run(client: Any, url: str, knobs: Knobs, figures: List[str]) -> List[C.Row]
         if "roundtrips" in figures:
             C.eprint("roundtrips")
             rows += roundtrips(client, masters, knobs)
+        if "asyncio" in figures:
+            C.eprint(f"asyncio: {knobs.rounds} rounds x {knobs.ops} ops, round-robin")
+            rows += asyncio_figure(url, servers, knobs)
         return rows
     finally:
         from distlock._session import reset_sessions

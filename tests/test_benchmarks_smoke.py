@@ -101,5 +101,5 @@ def test_bench_redlock_quick_prints_its_figures() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for label in ("uncontended acquire+release", "Redlock on 5 masters", "5 masters in turn",
-                  "round trips per acquire+release"):
+                  "round trips per acquire+release", "asyncio DistLock, Redlock on 5 masters"):
         assert label in proc.stdout, proc.stdout
