@@ -336,7 +336,12 @@ class QuorumExecutor(Executor):
     # (``_asession_quorum``) drives the same plan with its own, so the quorum's rules have
     # one copy.
 
-    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+              tail: Optional[Tuple[Any, ...]] = None) -> Any:
+        if tail is not None:
+            # a command sent behind the script on its connection (WAIT, for min_replicas): a
+            # quorum's masters are independent, with no replicas to wait for
+            raise TypeError("min_replicas does not apply to a Redlock quorum (a list of masters)")
         return self.drive(self.plan(name, keys, args))
 
     def drive(self, plan: Plan[T]) -> T:
