@@ -88,3 +88,18 @@ def test_bench_cluster_quick_prints_every_figure() -> None:
                    "hand-off median: single-server floor", "watchdog round trips per round",
                    "watchdog commands per round", "keys left after releasing everything"):
         assert figure in out, out
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_bench_redlock_quick_prints_its_figures() -> None:
+    if redis_server_binary() is None:
+        pytest.skip("the benchmark starts its own redis-servers, and there is none on PATH")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_redlock.py"), "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for label in ("uncontended acquire+release", "Redlock on 5 masters", "5 masters in turn",
+                  "round trips per acquire+release", "asyncio DistLock, Redlock on 5 masters"):
+        assert label in proc.stdout, proc.stdout
