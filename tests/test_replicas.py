@@ -697,24 +697,3 @@ def test_an_acknowledged_grant_survives_the_promotion(replication: Any) -> None:
         assert int(promoted.hget("distlock:{kept}", ":t")) == token
     finally:
         promoted.close()
-
-
-# --- the benchmark runs -----------------------------------------------------------------------
-
-@pytest.mark.real_redis
-@pytest.mark.slow
-def test_bench_replicas_quick_prints_every_candidate() -> None:
-    """benchmarks/bench_replicas.py starts its own master and replicas and prints its table
-    (only that it runs is checked: performance is measured, never asserted)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_replicas.py"),
-                           "--quick", "--rounds", "2", "--ops", "5"],
-                          cwd=root, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    for label in ("floor", "DistLock min_replicas=0", "DistLock min_replicas=2",
-                  "DistRLock min_replicas=1"):
-        assert label in proc.stdout, proc.stdout
