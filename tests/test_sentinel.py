@@ -29,7 +29,13 @@ import distlock
 import distlock.asyncio as aio
 from distlock import DistLock, DistSemaphore
 from distlock._clients import renewer, shareable
-from distlock._config import async_client_from_url, check_url, client_from_url, sentinel_url
+from distlock._config import (
+    async_client_from_url,
+    check_url,
+    client_from_url,
+    resolve_async_client,
+    sentinel_url,
+)
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 30.0
@@ -185,12 +191,25 @@ def test_a_sentinel_url_serves_both_shells(sentinel_set: SentinelSet, sentinel_u
         lock.release()
         second = await alock.acquire(timeout=BOUND)
         await alock.release()
+        # the URL's client in this loop is closed here, once distlock's reader task has ended
+        # (as tests/_aio.py's run_in_loop does)
+        for _ in range(250):
+            if len(asyncio.all_tasks()) <= 1:
+                break
+            await asyncio.sleep(0.02)
+        made = resolve_async_client(sentinel_url)
+        await made.aclose()
+        await made.connection_pool.sentinel_manager.aclose()
         return first, second
 
     assert asyncio.run(body()) == (False, True)
     distlock.configure(sentinel_url)
-    with DistLock(name):
-        assert DistLock(name, client=sentinel_set.client()).locked()
+    other = sentinel_set.client()
+    try:
+        with DistLock(name):
+            assert DistLock(name, client=other).locked()
+    finally:
+        other.close()
 
 
 def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
