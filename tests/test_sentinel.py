@@ -179,6 +179,18 @@ def test_every_primitive_works_through_a_sentinel_client(sentinel_client: Any) -
     assert sorted(results) == [0, 1]
 
 
+async def _aclose(aclient: Any) -> None:
+    """Close an asyncio Sentinel master client and its Sentinel, once distlock's reader task
+    has ended (as tests/_aio.py's run_in_loop does: a client closed under a live reader task
+    once left asyncio.run's shutdown spinning)."""
+    for _ in range(250):
+        if len(asyncio.all_tasks()) <= 1:
+            break
+        await asyncio.sleep(0.02)
+    await aclient.aclose()
+    await aclient.connection_pool.sentinel_manager.aclose()
+
+
 def test_a_sentinel_url_serves_both_shells(sentinel_set: SentinelSet, sentinel_url: str) -> None:
     """The same lock through a redis+sentinel:// URL in both shells: they exclude each other."""
     name = _name("url")
@@ -191,15 +203,7 @@ def test_a_sentinel_url_serves_both_shells(sentinel_set: SentinelSet, sentinel_u
         lock.release()
         second = await alock.acquire(timeout=BOUND)
         await alock.release()
-        # the URL's client in this loop is closed here, once distlock's reader task has ended
-        # (as tests/_aio.py's run_in_loop does)
-        for _ in range(250):
-            if len(asyncio.all_tasks()) <= 1:
-                break
-            await asyncio.sleep(0.02)
-        made = resolve_async_client(sentinel_url)
-        await made.aclose()
-        await made.connection_pool.sentinel_manager.aclose()
+        await _aclose(resolve_async_client(sentinel_url))  # the URL's client in this loop
         return first, second
 
     assert asyncio.run(body()) == (False, True)
@@ -235,8 +239,7 @@ def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
             assert isinstance(twin.connection_pool, redis.sentinel.SentinelConnectionPool)
             assert twin.connection_pool.service_name == aclient.connection_pool.service_name
         finally:
-            await aclient.aclose()
-            await aclient.connection_pool.sentinel_manager.aclose()
+            await _aclose(aclient)
 
     asyncio.run(body())
 
@@ -551,8 +554,7 @@ def test_asyncio_holds_follow_the_master(sentinel_set: SentinelSet, sentinel_cli
             assert await lock.acquire(timeout=BOUND)
             await lock.release()
         finally:
-            await aclient.aclose()
-            await aclient.connection_pool.sentinel_manager.aclose()
+            await _aclose(aclient)
 
     asyncio.run(body())
 
@@ -639,8 +641,7 @@ def test_a_script_that_meets_readonly_goes_once_more_to_the_master_the_sentinels
                 assert master.exists(_lock_key(name))
                 await alock.release()
             finally:
-                await aclient.aclose()
-                await amanager.aclose()
+                await _aclose(aclient)
 
         asyncio.run(body())
     finally:
