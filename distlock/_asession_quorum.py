@@ -29,11 +29,10 @@ import redis
 
 from ._apubsub import AsyncDispatcher
 from ._asession import AsyncPort, sync_twin
-from ._config import settings
 from ._executor import NOSCRIPT_TRIES, located, packer, taker
-from ._executor_quorum import Entry, Plan, QuorumExecutor, T, _Fan, merge
-from ._pubsub import Board, Waiter
-from ._quorum import REPLY_CAP, made, quorum
+from ._executor_quorum import Boards, Entry, Plan, QuorumExecutor, T, merge
+from ._pubsub import Waiter
+from ._quorum import REPLY_CAP, made
 
 __all__ = ["AsyncQuorumPort", "AsyncQuorumDispatcher"]
 
@@ -226,25 +225,21 @@ def _opener(proxy: Any, i: int) -> Any:
     return opener
 
 
-class AsyncQuorumDispatcher:
+class AsyncQuorumDispatcher(Boards):
     """``_executor_quorum.QuorumDispatcher`` for one event loop: an ``AsyncDispatcher`` per
     master, a waiter in each, sharing the first one's event."""
 
     def __init__(self, openers: List[Any]) -> None:
-        self._boards = [AsyncDispatcher(opener) for opener in openers]
-        self._required = quorum(len(openers))
-        self.closed = False
+        super().__init__([AsyncDispatcher(opener) for opener in openers])
 
     async def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Any:
         inner: List[Waiter] = []
         try:
             for board in self._boards:
                 inner.append(await board.join(channel_name, 0, ident))
-            for waiter in inner[1:]:
-                waiter.event = inner[0].event
-            if bound is None or bound > 0:
-                cap = settings().wait_cap
-                deadline = time.monotonic() + (cap if bound is None else min(bound, cap))
+            fan = self._share_event(inner)
+            deadline = self._wait_bound(bound)
+            if deadline is not None:
                 confirmed = 0
                 for waiter in inner:
                     await waiter.channel.confirmed.wait(max(0.0, deadline - time.monotonic()))
@@ -253,44 +248,16 @@ class AsyncQuorumDispatcher:
                         if confirmed >= self._required:
                             break
         except BaseException:
-            for board, waiter in zip(self._boards, inner):
-                board.leave(waiter, False)
+            self._leave_partial(inner)
             raise
-        return _Fan(inner)
+        return fan
 
     async def sleep(self, fan: Any, head_bound: float, limit: Optional[float] = None) -> bool:
-        lead = fan.inner[0]
         started = time.monotonic()
-        while not any(w.hinted for w in fan.inner):
-            left = Board._bound(lead, head_bound, limit) - (time.monotonic() - started)
-            if left <= 0:
-                break
-            await lead.event.wait(left)
-            lead.event.clear()
-        hinted = False
-        for board, waiter in zip(self._boards, fan.inner):
-            with board.mutex:
-                hinted = hinted or waiter.hinted
-                waiter.hinted = False
-        lead.event.clear()
-        return hinted
-
-    def leave(self, fan: Any, acquired: bool) -> bool:
-        last = [board.leave(waiter, acquired) for board, waiter in zip(self._boards, fan.inner)]
-        return last[0]
-
-    def busy(self) -> bool:
-        return any(board.busy() for board in self._boards)
-
-    def wake_all(self) -> None:
-        for board in self._boards:
-            board.wake_all()
-
-    def subscribed(self) -> List[str]:
-        return sorted({name for board in self._boards for name in board.subscribed()})
-
-    def boards(self) -> List[Any]:
-        return list(self._boards)
+        while (left := self._left(fan, started, head_bound, limit)) > 0:
+            await fan.inner[0].event.wait(left)
+            fan.inner[0].event.clear()
+        return self._take_hint(fan)
 
     def close(self) -> None:
         self.closed = True
