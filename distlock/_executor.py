@@ -316,17 +316,24 @@ def sender(client: Any, via: Any) -> Callable[..., Any]:
     Keeps no reference to ``client`` itself: ``via`` may be a weak proxy of it, so that a
     session does not keep its user's client alive.
     """
-    kind = type(client)
-    single = getattr(client, "connection", None)
-    pool = getattr(client, "connection_pool", None)
-    networked = isinstance(client, redis.Redis) and not kind.__module__.startswith("fakeredis")
-    if networked and single is not None:
-        return _pooled(_OneConnection(single, client.single_connection_lock))
-    if not networked or not isinstance(pool, redis.ConnectionPool):
+    lender = _lender(client)
+    if lender is None:
         def through(*args: Any) -> Any:
             return via.execute_command(*args)
         return through
-    return _pooled(pool)
+    return _pooled(lender)
+
+
+def _lender(client: Any) -> Any:
+    """Where the direct path takes its connections for ``client``: its pool, its single
+    connection lent out as a pool lends one, or None (no network: fakeredis)."""
+    single = getattr(client, "connection", None)
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(client, redis.Redis) or type(client).__module__.startswith("fakeredis"):
+        return None
+    if single is not None:
+        return _OneConnection(single, client.single_connection_lock)
+    return pool if isinstance(pool, redis.ConnectionPool) else None
 
 
 class _OneConnection:
@@ -419,13 +426,8 @@ def pair_sender(client: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, 
     both packed in one write on one connection, never retried; returns both replies, or
     raises the first one's error once the second reply is read too. fakeredis (no network):
     a pipeline of the two through ``via``."""
-    kind = type(client)
-    single = getattr(client, "connection", None)
-    pool = getattr(client, "connection_pool", None)
-    networked = isinstance(client, redis.Redis) and not kind.__module__.startswith("fakeredis")
-    if networked and single is not None:
-        return _pooled_pair(_OneConnection(single, client.single_connection_lock))
-    if not networked or not isinstance(pool, redis.ConnectionPool):
+    lender = _lender(client)
+    if lender is None:
         def through(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
             pipe = via.pipeline(transaction=False)
             pipe.execute_command(*command)
@@ -435,7 +437,7 @@ def pair_sender(client: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, 
                 raise first
             return first, second
         return through
-    return _pooled_pair(pool)
+    return _pooled_pair(lender)
 
 
 def read_pair(conn: Any) -> Tuple[Any, Any]:
