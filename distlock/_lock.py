@@ -25,6 +25,8 @@ from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, waiting_flow
 from ._errors import LockLostError, LockNotOwnedError
 from ._executor import Batch
+from ._fair import FairWaiting, end_whole_fair, fair_release, first_try
+from ._fairlogic import FairKeys, check_fair
 from ._flow import READ, RUN, Flow, drive
 from ._logic import (
     Keys,
@@ -64,13 +66,20 @@ class _LockBase(SessionUser):
     #: what a repr puts before the class name (the asyncio shell: ``asyncio.``)
     _repr_prefix = ""
 
-    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
+                 fair: bool = False) -> None:
         self._name = check_name(name)
         if client is not None:
             check_client(client, type(self).__name__)
         self._client_arg = client
         self._lease = check_lease(lease)
+        self._fair = check_fair(fair)
         self._keys = Keys(settings().prefix, self._name)
+        #: the fair queue's keys (``_fair``); a plain try reads its deadlines too, so that it
+        #: never jumps a fair queue
+        self._fair_keys = FairKeys(self._keys)
+        self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
+                              self._fair_keys.deadlines)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
         #: gives a whole hold back (at interpreter exit; see ``Session.release_all``): made
         #: once, not per grant
@@ -158,7 +167,6 @@ class _LockBase(SessionUser):
                       waiter: Optional[Waiter] = None) -> Flow[int]:
         """One try. ``mode``: '' first try, 'w' a queued waiter's try, 'p' a try answering a
         hint (not registering), else the token being re-entered."""
-        keys = self._keys
         args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info)
         if waiter is not None:
             others = "1" if len(waiter.channel.waiters) > 1 else "0"
@@ -166,7 +174,7 @@ class _LockBase(SessionUser):
         elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
         try:
-            return int((yield (RUN, "lock_acquire", (keys.lock, keys.fence, keys.queue), args)))
+            return int((yield (RUN, "lock_acquire", self._acquire_keys, args)))
         except redis.ResponseError:
             raise  # the script did not run, or failed: nothing was granted
         except BaseException:
@@ -197,6 +205,8 @@ class _LockBase(SessionUser):
             pass
 
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
+        if self._fair:
+            return (yield from fair_release(self, hold, count))
         args: Tuple[Any, ...] = (hold.owner, hold.token)
         if count != 1:
             args += (count,)
@@ -240,12 +250,16 @@ class _LockBase(SessionUser):
     def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> Flow[int]:
         """The try before any waiting (the uncontended path): its raw reply, a token > 0 on a
         grant. ``waits``: a refusal will be followed by a wait."""
+        if self._fair:
+            return (yield from first_try(self, session, owner, ms, count))
         return (yield from self._call_acquire(session, owner, ms, count, ""))
 
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
         """The wait after a refused first try. Each process waits on its own channel for this
         lock, registered (by its failed tries) with the lock, so that a release wakes one
-        waiting process, not every subscriber."""
+        waiting process, not every subscriber. A fair lock's waiters queue in order (``_fair``)."""
+        if self._fair:
+            return FairWaiting(self, session, owner, ms, count, watchdog)
         return _LockWaiting(self, session, owner, ms, count, watchdog)
 
     def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> Flow[bool]:
@@ -269,13 +283,14 @@ class _LockBase(SessionUser):
         return self._keys.lock
 
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
-               ms: int, sent_at: float) -> None:
+               ms: int, sent_at: float) -> Hold:
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renew_fn, end=self._end_fn,
                     notify=_notify_lost, meter=self._meter, grant=True)
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
+        return hold
 
     def _release(self, hold: Hold, session: Session, count: int) -> Flow[int]:
         """Give back ``count`` (0: all) of ``hold``; return the count still held.
@@ -371,16 +386,34 @@ class _LockWaiting(Waiting):
         self._lock = lock
         self._session = session
         self._grant_args = (owner, ms, count, watchdog)
+        #: set once a try found fair waiters ahead: the wait goes on as theirs
+        self._fair: Optional[FairWaiting] = None
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
+        if self._fair is not None:
+            return (yield from self._fair.attempt(mode, waiter))
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         sent_at = time.monotonic()
         reply = yield from lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter)
+        if reply == 0:
+            # The lock is free, but fair waiters queue for it: this wait goes on in their
+            # queue, at its back, as a fair wait (docs/guides/locks.rst, "Mixed modes").
+            fair = self._fair = FairWaiting(lock, session, owner, ms, count, watchdog)
+            self.ident = waiter.ident = fair.ident
+            self.strict = self.named_grants = True
+            return (yield from fair.attempt(mode, waiter))
         outcome = decode_acquire(reply)
         if type(outcome) is Granted:
             lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
         return outcome
+
+    def abandon(self) -> Flow[None]:
+        if self._fair is not None:
+            yield from self._fair.abandon()
+
+    def named(self) -> Any:
+        return self._fair.named() if self._fair is not None else True
 
     def unregister(self) -> Flow[None]:
         return (yield from self._lock._unregister(self.channel))
@@ -438,12 +471,14 @@ class DistLock(_LockBase):
     _reentrant = "0"
     _unowned_message = "release unlocked lock"
 
-    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
-        super().__init__(name, client=client, lease=lease)
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
+                 fair: bool = False) -> None:
+        super().__init__(name, client=client, lease=lease, fair=fair)
         self._hold: Optional[Hold] = None
         self._mutex = threading.Lock()
         # refers to the keys, not to this object, so that an abandoned object can be collected
-        self._end_fn = functools.partial(_end_whole, self._keys)
+        self._end_fn = (functools.partial(end_whole_fair, self._fair_keys) if self._fair
+                        else functools.partial(_end_whole, self._keys))
 
     def __del__(self) -> None:
         # Garbage collected while it holds (as filelock does): nobody can release this hold
