@@ -22,6 +22,7 @@ from _procs import recv
 
 import distlock
 import distlock.asyncio as adistlock
+from distlock._config import client_from_url
 from distlock._fairlogic import entry_lease_ms
 from distlock._lock import session_of
 from distlock._session import reset_sessions
@@ -31,8 +32,11 @@ pytestmark = pytest.mark.real_redis
 _names = itertools.count(1)
 
 
-def other(url: str) -> redis.Redis:
-    """A client with a session of its own: another process, as far as distlock can tell."""
+def other(url: str) -> Any:
+    """A client with a session of its own: another process, as far as distlock can tell (a
+    Cluster client always has one)."""
+    if url.startswith("redis+cluster://"):
+        return client_from_url(url)
     return redis.Redis.from_url(url, client_name=f"fair-{next(_names)}")
 
 
@@ -49,7 +53,7 @@ def until(predicate: Any, bound: float = 30.0, what: str = "condition") -> None:
         time.sleep(0.01)
 
 
-def queued(client: redis.Redis, order: str, n: int, alive: Any = None, bound: float = 30.0) -> None:
+def queued(client: Any, order: str, n: int, alive: Any = None, bound: float = 30.0) -> None:
     """Wait until ``n`` waiters queue in ``order`` (or the thread ``alive`` ended)."""
     until(lambda: client.zcard(order) >= n or (alive is not None and not alive.is_alive()),
           bound, f"{n} queued waiters")
@@ -72,8 +76,9 @@ def test_fair_is_keyword_only() -> None:
 
 # --- order and hand-off in one process -------------------------------------------------------
 
+@pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
-def test_waiters_get_it_in_order_of_arrival_with_a_token_each(url: str, client: redis.Redis,
+def test_waiters_get_it_in_order_of_arrival_with_a_token_each(url: str, client: Any,
                                                               kind: str) -> None:
     cls = getattr(distlock, kind)
     holder = cls("order", client=client, fair=True)
@@ -104,7 +109,8 @@ def test_waiters_get_it_in_order_of_arrival_with_a_token_each(url: str, client: 
           what="queue at rest")
 
 
-def test_the_hand_off_needs_no_second_round_trip(url: str, client: redis.Redis) -> None:
+@pytest.mark.cluster_too
+def test_the_hand_off_needs_no_second_round_trip(url: str, client: Any) -> None:
     """The head waiter learns its token from the message: between the release and its return
     it sends no script (the hold is lengthened afterwards, off its path, by the watchdog)."""
     holder = distlock.DistLock("direct", client=client, fair=True)
@@ -141,7 +147,7 @@ def test_the_hand_off_needs_no_second_round_trip(url: str, client: redis.Redis) 
     waiter.release()
 
 
-def test_a_fair_rlock_owner_reenters_without_queueing(url: str, client: redis.Redis) -> None:
+def test_a_fair_rlock_owner_reenters_without_queueing(url: str, client: Any) -> None:
     lock = distlock.DistRLock("reenter", client=client, fair=True)
     assert lock.acquire()
     k = keys("reenter")
@@ -166,7 +172,7 @@ def test_a_fair_rlock_owner_reenters_without_queueing(url: str, client: redis.Re
     assert got == [True]
 
 
-def test_a_timed_out_waiter_leaves_the_queue_at_once(url: str, client: redis.Redis) -> None:
+def test_a_timed_out_waiter_leaves_the_queue_at_once(url: str, client: Any) -> None:
     holder = distlock.DistLock("leave", client=client, fair=True)
     assert holder.acquire()
     k = keys("leave")
@@ -180,7 +186,7 @@ def test_a_timed_out_waiter_leaves_the_queue_at_once(url: str, client: redis.Red
 # --- the race at the deadline ----------------------------------------------------------------
 
 def test_a_waiter_that_times_out_as_it_is_handed_the_lock_passes_it_on(
-        url: str, client: redis.Redis) -> None:
+        url: str, client: Any) -> None:
     """Repeated: the holder releases at about the moment the head waiter's timeout ends. The
     head either returns True and holds it in Redis, or returns False and holds nothing there
     (its leave step passed the lock to the next waiter, which gets it without waiting for any
@@ -234,7 +240,7 @@ def test_a_waiter_that_times_out_as_it_is_handed_the_lock_passes_it_on(
     assert outcomes[True] + outcomes[False] == 200
 
 
-def test_a_cancelled_asyncio_waiter_passes_a_hand_off_on(url: str, client: redis.Redis,
+def test_a_cancelled_asyncio_waiter_passes_a_hand_off_on(url: str, client: Any,
                                                          aio: Any) -> None:
     """Repeated: a task waiting for a fair lock is cancelled at about the moment it is handed
     the lock: the cancellation propagates, and the lock goes to the next waiter."""
@@ -287,7 +293,7 @@ def test_a_cancelled_asyncio_waiter_passes_a_hand_off_on(url: str, client: redis
 
 # --- mixed modes -----------------------------------------------------------------------------
 
-def test_a_plain_acquire_does_not_jump_a_fair_queue(url: str, client: redis.Redis) -> None:
+def test_a_plain_acquire_does_not_jump_a_fair_queue(url: str, client: Any) -> None:
     """A free lock with live fair waiters is theirs: a plain try is refused, and a plain wait
     goes on at the back of the fair queue."""
     k = keys("mixed")
@@ -312,7 +318,7 @@ def test_a_plain_acquire_does_not_jump_a_fair_queue(url: str, client: redis.Redi
     assert not client.exists(k["order"], k["deadlines"], k["entries"])
 
 
-def test_plain_and_fair_holders_hand_over_to_each_other(url: str, client: redis.Redis) -> None:
+def test_plain_and_fair_holders_hand_over_to_each_other(url: str, client: Any) -> None:
     plain = distlock.DistLock("both", client=client)
     fair = distlock.DistLock("both", client=other(url), fair=True)
     assert plain.acquire()
@@ -335,7 +341,7 @@ def test_plain_and_fair_holders_hand_over_to_each_other(url: str, client: redis.
 
 # --- across processes ------------------------------------------------------------------------
 
-def test_500_waiters_in_10_processes_all_get_it_in_their_turn(url: str, client: redis.Redis,
+def test_500_waiters_in_10_processes_all_get_it_in_their_turn(url: str, client: Any,
                                                               children: Any) -> None:
     """Scale: 500 threads in 10 processes queue for one fair lock while it is held; every one
     gets it, in exactly the order of their arrival on the server."""
@@ -358,7 +364,7 @@ def test_500_waiters_in_10_processes_all_get_it_in_their_turn(url: str, client: 
 
 
 def test_a_hand_off_to_a_killed_waiter_is_stranded_at_most_its_entry_lease(
-        url: str, client: redis.Redis, children: Any) -> None:
+        url: str, client: Any, children: Any) -> None:
     """SIGKILL the head waiter's process at the moment of the release: the hold handed to it
     lives no longer than its queue entry would have, and the next waiter gets the lock."""
     name = "stranded"
@@ -385,7 +391,7 @@ def test_a_hand_off_to_a_killed_waiter_is_stranded_at_most_its_entry_lease(
     doomed.close()
 
 
-def test_commands_per_hand_off_stay_flat(url: str, client: redis.Redis, children: Any) -> None:
+def test_commands_per_hand_off_stay_flat(url: str, client: Any, children: Any) -> None:
     """No herd: each hand-off publishes to one process, and costs the same few commands
     whether 1, 10 or 50 processes wait (their bounded re-checks are set far apart here).
     Counted on the server (INFO commandstats, which counts the commands scripts run too)."""
@@ -420,14 +426,14 @@ def test_commands_per_hand_off_stay_flat(url: str, client: redis.Redis, children
     assert figures[50][0] <= figures[1][0] * 1.25 and figures[10][0] <= figures[1][0] * 1.25
 
 
-def _commands(client: redis.Redis) -> Dict[str, int]:
+def _commands(client: Any) -> Dict[str, int]:
     stats = client.info("commandstats")
     return {name.split("_", 1)[1]: int(v["calls"]) for name, v in stats.items()}
 
 
 # --- asyncio ---------------------------------------------------------------------------------
 
-def test_asyncio_fair_locks_queue_with_threads(url: str, client: redis.Redis, aio: Any) -> None:
+def test_asyncio_fair_locks_queue_with_threads(url: str, client: Any, aio: Any) -> None:
     """Tasks and threads share one fair queue: a blocking holder hands the lock to a task and
     the task to a thread, in order of arrival."""
     k = keys("ashared")
@@ -461,7 +467,7 @@ def test_asyncio_fair_locks_queue_with_threads(url: str, client: redis.Redis, ai
     assert order == ["task", "thread"]
 
 
-def test_nothing_is_left_behind(url: str, client: redis.Redis) -> None:
+def test_nothing_is_left_behind(url: str, client: Any) -> None:
     lock = distlock.DistLock("rest", client=client, fair=True)
     with lock:
         pass
