@@ -473,3 +473,37 @@ def test_nothing_is_left_behind(url: str, client: Any) -> None:
         pass
     reset_sessions()
     assert sorted(client.keys("distlock:{rest}*")) == [b"distlock:{rest}:fence"]
+
+
+def test_asyncio_tasks_get_it_in_order_and_a_timeout_leaves_the_line(
+        url: str, client: Any, aio: Any) -> None:
+    k = keys("atasks")
+
+    async def scenario() -> List[int]:
+        holder = adistlock.DistLock("atasks", client=url, fair=True)
+        assert await holder.acquire()
+        order: List[int] = []
+
+        async def one(i: int) -> None:
+            lock = adistlock.DistRLock("atasks", client=url, fair=True)
+            assert await lock.acquire(timeout=60)
+            order.append(i)
+            await lock.release()
+
+        tasks = []
+        for i in range(5):
+            tasks.append(asyncio.ensure_future(one(i)))
+            end = time.monotonic() + 30
+            while client.zcard(k["order"]) < i + 1:
+                assert time.monotonic() < end
+                await asyncio.sleep(0.005)
+        late = adistlock.DistLock("atasks", client=url, fair=True)
+        assert not await late.acquire(timeout=0.1)
+        assert client.zcard(k["order"]) == 5
+        await holder.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert aio.run(scenario()) == [0, 1, 2, 3, 4]
+    until(lambda: not client.exists(k["lock"], k["order"], k["deadlines"], k["entries"]),
+          what="queue at rest")

@@ -26,8 +26,11 @@ local hand = redis.call('hmget', KEYS[1], ':n', ':t')
 if hand[1] == ARGV[5] then
   -- handed to this wait (the message was missed or is on its way): the caller is alive, so
   -- the hold gets its full lease
+  local left = redis.call('pttl', KEYS[1])
   redis.call('pexpire', KEYS[1], ARGV[2])
-  redis.call('hset', KEYS[1], ':l', ARGV[2])
+  if left >= 0 then
+    redis.call('hincrby', KEYS[1], ':l', tonumber(ARGV[2]) - left)  -- age stays ':l' - PTTL
+  end
   local fence_ttl = tonumber(ARGV[2]) + tonumber(ARGV[3])
   if redis.call('pttl', KEYS[2]) < fence_ttl then
     redis.call('pexpire', KEYS[2], fence_ttl)
