@@ -461,9 +461,11 @@ class DistLock(_LockBase):
     The hold belongs to this object: any thread of this process may release it, and a second
     ``acquire()`` from the same thread blocks until somebody releases it.
 
-    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
-    and ``lease`` (None: a watchdog keeps the hold alive while the process lives; a number of
-    seconds: the hold expires by itself after that long).
+    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``),
+    ``lease`` (None: a watchdog keeps the hold alive while the process lives; a number of
+    seconds: the hold expires by itself after that long) and ``fair`` (True: first come, first
+    served across every host, and a release hands the lock straight to the first waiter; see
+    docs/guides/locks.rst, "Fair locks"). TypeError when ``fair`` is not a bool.
     """
 
     _metric_kind = "lock"
@@ -635,7 +637,8 @@ class DistRLock(_ThreadOwned):
     The owner is this process' session and the calling thread: that thread may re-enter (through
     this or any other DistRLock of the same name), and only it may release. The count lives in
     Redis. Implements ``_is_owned``, ``_release_save``, ``_acquire_restore`` and
-    ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
+    ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works. Options as
+    DistLock's; with ``fair=True`` the owner's re-entries never queue.
     """
 
     _metric_kind = "rlock"
