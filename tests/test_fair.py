@@ -507,3 +507,37 @@ def test_asyncio_tasks_get_it_in_order_and_a_timeout_leaves_the_line(
     assert aio.run(scenario()) == [0, 1, 2, 3, 4]
     until(lambda: not client.exists(k["lock"], k["order"], k["deadlines"], k["entries"]),
           what="queue at rest")
+
+
+def test_a_condition_over_a_fair_lock(url: str, client: Any) -> None:
+    """DistCondition's wait releases a fair lock inside its own script and takes it back as a
+    fair acquire: wait, notify and the waiters queued for the lock meanwhile all go through."""
+    lock = distlock.DistRLock("fcond", client=client, fair=True)
+    cond = distlock.DistCondition("fcond", lock)
+    flag = {"set": False}
+    seen: List[bool] = []
+
+    def waiter() -> None:
+        with cond:
+            seen.append(cond.wait_for(lambda: flag["set"], timeout=30))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    until(lambda: client.exists("distlock:{fcond}") == 0 and thread.is_alive(), what="wait")
+    time.sleep(0.2)
+    others: List[bool] = []
+
+    def contender() -> None:
+        other_lock = distlock.DistRLock("fcond", client=other(url), fair=True)
+        others.append(other_lock.acquire(timeout=30))
+        other_lock.release()
+
+    with cond:
+        rival = threading.Thread(target=contender)
+        rival.start()
+        queued(client, keys("fcond")["order"], 1)
+        flag["set"] = True
+        cond.notify()
+    thread.join(30)
+    rival.join(30)
+    assert seen == [True] and others == [True]
