@@ -127,19 +127,19 @@ def test_the_hand_off_needs_no_second_round_trip(url: str, client: Any) -> None:
     thread.start()
     until(lambda: client.zcard(keys("direct")["order"]) == 1, what="queued waiter")
     session = session_of(waiter)
-    real_run = session.executor.run
+    real_run = session.run
 
     def counting_run(name: str, *args: Any) -> Any:
         if threading.current_thread() is thread:
             runs.append(name)
         return real_run(name, *args)
 
-    session.executor.run = counting_run  # type: ignore[method-assign]
+    session.run = counting_run  # type: ignore[method-assign]
     try:
         holder.release()
         thread.join(60)
     finally:
-        session.executor.run = real_run  # type: ignore[method-assign]
+        session.run = real_run  # type: ignore[method-assign]
     assert result == [True] and runs == []
     assert waiter.owned() and waiter.token == int(client.hget("distlock:{direct}", ":t"))
     # the watchdog lengthens the short hand-off lease to the internal one
@@ -541,3 +541,23 @@ def test_a_condition_over_a_fair_lock(url: str, client: Any) -> None:
     thread.join(30)
     rival.join(30)
     assert seen == [True] and others == [True]
+
+
+def test_uncontended_is_two_round_trips_without_a_subscription(client: Any) -> None:
+    lock = distlock.DistLock("quiet", client=client, fair=True)
+    session = session_of(lock)
+    sent: List[str] = []
+    real_run = session.run
+
+    def counting_run(name: str, *args: Any) -> Any:
+        sent.append(name)
+        return real_run(name, *args)
+
+    session.run = counting_run  # type: ignore[method-assign]
+    try:
+        with lock:
+            pass
+    finally:
+        session.run = real_run  # type: ignore[method-assign]
+    assert sent == ["fair_acquire", "fair_release"]
+    assert not session.dispatcher.running

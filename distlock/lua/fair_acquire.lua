@@ -37,19 +37,19 @@ if hand[1] == ARGV[5] then
   end
   return tonumber(hand[2])
 end
-local now, now_us = fair_now()
 if not hand[2] then
   -- free: the first live waiter goes first (perhaps the caller); nobody queued: the caller
+  -- (the uncontended path, which reads no clock)
   local got = -1
   if redis.call('exists', KEYS[3]) == 1 then
-    got = fair_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], now,
+    got = fair_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], (fair_now()),
                         tonumber(ARGV[3]), ARGV[5], ARGV[2])
   end
   if got > 0 then
     return got
   end
   if got < 0 then
-    fair_drop(KEYS[3], KEYS[4], KEYS[5], ARGV[5])
+    -- (the caller's own entry, if it had one, was dead and is gone with the rest)
     local token = next_token(KEYS[2], tonumber(ARGV[2]) + tonumber(ARGV[3]))
     redis.call('hset', KEYS[1], ARGV[1], ARGV[6], ':t', fmt(token), ':i', ARGV[4], ':l', ARGV[2],
                ':n', ARGV[5])
@@ -61,6 +61,7 @@ if not hand[2] then
   end
 end
 if ARGV[9] == 'w' then
+  local now, now_us = fair_now()
   local lease = tonumber(ARGV[8])
   local deadline = now + lease
   redis.call('zadd', KEYS[3], 'NX', fmt(now_us), ARGV[5])
