@@ -61,3 +61,11 @@ def test_a_hand_off_wakes_exactly_the_wait_it_names() -> None:
     # a late hand-off, for a wait that has ended: nobody wakes
     board._handle({"type": "message", "channel": b"chan", "data": b"+n9 78 5000"})
     assert not first.hinted and not plain.hinted
+
+
+def test_status_names_a_fair_hold() -> None:
+    from distlock._inspect import exclusive_state
+
+    fields = {b"s1:4ff8f224d003": b"1", b":t": b"7", b":i": b"h:1", b":n": b"s1:ab"}
+    state = exclusive_state("x", "distlock:{x}", b"hash", fields, 1000, b"7")
+    assert state is not None and state.kind == "DistLock (fair)" and ":n" not in state.extra
