@@ -3,7 +3,7 @@
 from ._barrier import DistBarrier
 from ._condition import DistCondition
 from ._config import Settings, configure
-from ._errors import DistLockError, LockLostError, LockNotOwnedError
+from ._errors import DistLockError, LockLostError, LockNotOwnedError, NotEnoughReplicasError
 from ._event import DistEvent
 from ._lock import DistLock, DistRLock
 from ._metrics import snapshot as metrics
@@ -25,6 +25,7 @@ __all__ = [
     "DistLockError",
     "LockNotOwnedError",
     "LockLostError",
+    "NotEnoughReplicasError",
 ]
 
 __version__ = "0.1.0"

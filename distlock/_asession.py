@@ -33,14 +33,15 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import redis
 from redis.asyncio import connection as aconnection
+from redis.asyncio import sentinel as asentinel
 
 from ._apubsub import AsyncDispatcher
 from ._clients import DEFAULT_IO_TIMEOUT
-from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, located, packer, taker
+from ._executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located, packer, taker
 from ._pubsub import Waiter
 from ._session import Session, session_for
 
-__all__ = ["AsyncPort", "port_for", "live_ports", "sync_twin"]
+__all__ = ["AsyncPort", "port_for", "live_ports", "sync_twin", "aread_pair"]
 
 #: ``asyncio.timeout`` (Python 3.11+)
 _timeout: Any = getattr(asyncio, "timeout", None)
@@ -70,8 +71,12 @@ _SKIP = {"retry", "redis_connect_func", "parser_class", "event_dispatcher", "con
 
 
 def sync_twin(client: Any) -> redis.Redis:
-    """A blocking client with ``client``'s connection settings (it connects only when used)."""
+    """A blocking client with ``client``'s connection settings (it connects only when used).
+    For a ``redis.asyncio.sentinel`` master client: a blocking Sentinel master client of the
+    same sentinels, service and settings (``sentinel_twin``)."""
     pool = client.connection_pool
+    if isinstance(pool, asentinel.SentinelConnectionPool):
+        return sentinel_twin(pool)
     kind = _TWINS.get(pool.connection_class)
     if kind is None:
         raise TypeError(f"distlock.asyncio needs a redis.asyncio client on redis-py's own "
@@ -79,6 +84,34 @@ def sync_twin(client: Any) -> redis.Redis:
     accepted = _parameters(kind)
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _SKIP}
     return redis.Redis(connection_pool=redis.ConnectionPool(connection_class=kind, **kwargs))
+
+
+def sentinel_twin(pool: Any) -> redis.Redis:
+    """A blocking twin of an asyncio ``SentinelConnectionPool``'s client: a
+    ``redis.sentinel.Sentinel`` of the same sentinel addresses and settings, and its
+    ``master_for`` of the same service with the pool's connection settings. Its watchdog
+    and its pub/sub connections look the master up as the asyncio client's do."""
+    from redis import sentinel
+
+    if not pool.is_master:
+        raise TypeError("distlock.asyncio needs a Sentinel master client (master_for), "
+                        "not a replica client (slave_for)")
+    manager = pool.sentinel_manager
+    accepted = _parameters(redis.Connection)
+    addrs = []
+    for node in manager.sentinels:
+        node_kwargs = node.connection_pool.connection_kwargs
+        addrs.append((node_kwargs["host"], node_kwargs["port"]))
+    sentinel_kwargs = {k: v for k, v in manager.sentinel_kwargs.items() if k in accepted and k not in _SKIP}
+    twin_manager = sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        addrs, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=sentinel_kwargs,
+        force_master_ip=getattr(manager, "_force_master_ip", None))
+    ssl = issubclass(pool.connection_class, aconnection.SSLConnection)
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _SKIP}
+    return twin_manager.master_for(  # type: ignore[no-any-return,no-untyped-call]
+        pool.service_name, check_connection=pool.check_connection,
+        connection_class=sentinel.SentinelManagedSSLConnection if ssl else sentinel.SentinelManagedConnection,
+        **kwargs)
 
 
 def _parameters(kind: type) -> set:  # type: ignore[type-arg]
@@ -115,6 +148,8 @@ class AsyncPort:
         #: run slots (see ``run``): how many are free, and the tasks waiting for one
         self._free = SCRIPT_CONCURRENCY
         self._gate_waiters: Deque[asyncio.Future[None]] = collections.deque()
+        #: scripts loaded before their first run with ``acks`` (see ``Executor.run``)
+        self._preloaded: set[str] = set()
         self._client = weakref.proxy(client)
         self._attach(client)
 
@@ -142,16 +177,24 @@ class AsyncPort:
 
     # --- the ops --------------------------------------------------------------------------------
 
-    async def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+    async def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                  acks: Optional[Tuple[int, int]] = None) -> Any:
         """One script as EVALSHA (``Executor.run``'s rules: never sent twice; NOSCRIPT means
-        it did not run, so it is loaded and sent again)."""
+        it did not run, so it is loaded and sent again). With ``acks`` (k, ms), ``WAIT k ms``
+        goes behind it in the same write on the same connection, and the reply is
+        ``(reply, how many replicas acknowledged)``."""
         script = self._scripts[name]
         if self._free > 0:
             self._free -= 1  # no await between the look and the take: nobody else runs here
         else:
             await self._gate_wait()
         try:
-            return await self._script(script, keys, args)
+            if acks is None:
+                return await self._script(script, keys, args)
+            if name not in self._preloaded:  # see Executor.run: a NOSCRIPT would cost a timeout
+                await self._bounded(self._client.script_load(script.script), self._io_bound)
+                self._preloaded.add(name)
+            return await self._script(script, keys, args, ("WAIT", *acks))
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
         finally:
@@ -159,14 +202,32 @@ class AsyncPort:
             if self._gate_waiters:
                 self._wake_next()
 
-    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
-        """Send one script once (a topology's port routes it)."""
+    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                      then: Optional[Tuple[Any, ...]] = None) -> Any:
+        """Send one script once (a topology's port routes it); ``then``: a command sent
+        behind it in the same write (``run``'s WAIT); once more after a demoted Sentinel
+        master's READONLY (``Executor._send``)."""
+        followed = False
         for _ in range(NOSCRIPT_TRIES):
             try:
-                return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+                return await self._send("EVALSHA", script.sha, len(keys), *keys, *args, then=then)
             except redis.exceptions.NoScriptError:
                 await self._send("SCRIPT", "LOAD", script.script)
-        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis.exceptions.ConnectionError as exc:
+                if followed or not demoted(exc):
+                    raise
+                followed = True
+                await self._forget_master()
+        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args, then=then)
+
+    async def _forget_master(self) -> None:
+        """A Sentinel master was demoted: close the hot connections (they talk to it) and ask
+        the sentinels now (a new master drops the pool's idle connections)."""
+        hot, self._idle = self._idle, []
+        for conn in hot:
+            await conn.disconnect(nowait=True)
+            await self._give(conn)
+        await self._client.connection_pool.get_master_address()
 
     async def _gate_wait(self) -> None:
         """Wait for one of the ``SCRIPT_CONCURRENCY`` run slots (all are in flight), in turn."""
@@ -190,7 +251,7 @@ class AsyncPort:
                 fut.set_result(None)
                 return
 
-    async def _send(self, *args: Any) -> Any:
+    async def _send(self, *args: Any, then: Optional[Tuple[Any, ...]] = None) -> Any:
         """Send one command on the direct path; never retried.
 
         The connections come from the client's pool, but those used are kept out of it between
@@ -200,6 +261,8 @@ class AsyncPort:
         after ``HOT_IDLE`` seconds unused, and each is checked (the server closed it: a
         restart) before use, as the pool checks its own."""
         packed = self._pack(args)
+        if then is not None:
+            packed = [packed[0] + self._pack(then)[0]]
         idle = self._idle
         conn = idle.pop() if idle else None
         try:
@@ -216,7 +279,7 @@ class AsyncPort:
                 await self._give(conn)
             raise
         try:
-            reply = await self._exchange(conn, packed)
+            reply = await self._exchange(conn, packed, then is not None)
         except redis.exceptions.ResponseError:
             self._keep(conn)  # the whole reply was read: the connection is clean
             raise
@@ -226,10 +289,11 @@ class AsyncPort:
         self._keep(conn)
         return reply
 
-    async def _exchange(self, conn: Any, packed: Any) -> Any:
-        """Send ``packed`` on ``conn`` and read the reply, bounded (see ``_bounded``). Any
-        failure but a Redis error reply leaves ``conn`` disconnected: a reply may be left
-        half-read (a cancellation, a timeout), so it is never reused as it is."""
+    async def _exchange(self, conn: Any, packed: Any, pair: bool = False) -> Any:
+        """Send ``packed`` on ``conn`` and read the reply, bounded (see ``_bounded``); with
+        ``pair``, the replies of two commands (``aread_pair``). Any failure but a Redis error
+        reply leaves ``conn`` disconnected: a reply may be left half-read (a cancellation, a
+        timeout), so it is never reused as it is."""
         inflight = self._inflight
         try:
             if self._io_bound is not None:
@@ -240,6 +304,8 @@ class AsyncPort:
                     self._checking = True
                     asyncio.get_running_loop().call_later(self._io_bound / 4, _overdue, weakref.ref(self))
             await conn.send_packed_command(packed)
+            if pair:
+                return await aread_pair(conn)
             return await conn.read_response()
         except redis.exceptions.ResponseError:
             raise
@@ -328,6 +394,22 @@ class AsyncPort:
     @property
     def live(self) -> bool:
         return not self.core.closed
+
+
+async def aread_pair(conn: Any) -> Tuple[Any, Any]:
+    """``_executor.read_pair`` on an asyncio connection: both replies read, the first's error
+    raised after the second's is read, the second's error returned as its reply."""
+    try:
+        first: Any = await conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        first = exc
+    try:
+        second: Any = await conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        second = exc
+    if isinstance(first, Exception):
+        raise first
+    return first, second
 
 
 def _overdue(ref: weakref.ref[AsyncPort]) -> None:

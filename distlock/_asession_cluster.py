@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aredis
 from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
 
-from ._asession import AsyncPort, _parameters
+from ._asession import AsyncPort, _parameters, aread_pair
 from ._executor import packer
 from ._executor_cluster import _FIRST_PAUSE, REDIRECT_BOUND, REDIRECTS
 from ._pubsub_cluster import AsyncClusterDispatcher
@@ -102,12 +102,16 @@ class AsyncClusterPort(AsyncPort):
 
     # --- scripts ----------------------------------------------------------------------------------
 
-    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                      then: Optional[Tuple[Any, ...]] = None) -> Any:
         if not keys:
             raise ValueError("distlock: a script with no key cannot be routed on a cluster")
         await self._client.initialize()  # the slot map (a no-op once read)
         slot = self.slot_of(keys[0])
         packed = self._pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+        pair = then is not None
+        if then is not None:  # a grant's WAIT, on the same connection of the slot's master
+            packed = [packed[0] + self._pack(then)[0]]
         asking: Any = None
         pause = _FIRST_PAUSE
         give_up = time.monotonic() + REDIRECT_BOUND
@@ -116,7 +120,7 @@ class AsyncClusterPort(AsyncPort):
             node = asking if asking is not None else self.master(slot)
             try:
                 return await self._on_node(node, self._asking + packed if asking is not None else packed,
-                                           asking is not None)
+                                           asking is not None, pair)
             except _NotSent as exc:
                 error = exc.__cause__ or exc
                 await self._refresh()
@@ -143,8 +147,9 @@ class AsyncClusterPort(AsyncPort):
             pause = min(pause * 2, 0.2)
         raise error
 
-    async def _on_node(self, node: Any, packed: Any, asking: bool) -> Any:
-        """One exchange on a connection of ``node``; ``_NotSent`` when none could be opened."""
+    async def _on_node(self, node: Any, packed: Any, asking: bool, pair: bool = False) -> Any:
+        """One exchange on a connection of ``node``; ``_NotSent`` when none could be opened.
+        ``pair``: two commands were packed, and both replies are returned."""
         conn = node.acquire_connection()
         try:
             if not conn.is_connected:
@@ -159,8 +164,10 @@ class AsyncClusterPort(AsyncPort):
             if asking:
                 await conn.send_packed_command(packed)
                 await conn.read_response()  # ASKING's OK
+                if pair:
+                    return await aread_pair(conn)
                 return await conn.read_response()
-            return await self._exchange(conn, packed)
+            return await self._exchange(conn, packed, pair)
         except redis.exceptions.ResponseError:
             raise
         except BaseException:

@@ -39,6 +39,7 @@ from ._outcomes import (
     barrier_done,
     barrier_poll,
 )
+from ._replicas import refuse_options
 from ._session import Hold, Session, SessionUser
 from ._synclogic import (
     BarrierKeys,
@@ -104,8 +105,10 @@ class DistBarrier(SessionUser):
     _leave_mode = "b"
 
     def __init__(self, name: str, parties: int, action: Optional[Callable[[], Any]] = None,
-                 timeout: Optional[float] = None, *, client: ClientArg = None) -> None:
+                 timeout: Optional[float] = None, *, client: ClientArg = None,
+                 min_replicas: Any = None, replica_timeout: Any = None) -> None:
         self._name = check_name(name)
+        refuse_options(type(self).__name__, min_replicas, replica_timeout)
         self._parties = check_parties(parties)
         check_action(action)
         self._action = action

@@ -35,7 +35,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from . import __version__
-from ._config import DEFAULT_URL, client_from_url, cluster_url, settings
+from ._config import DEFAULT_URL, client_from_url, cluster_url, sentinel_url, settings
 from ._errors import LockLostError
 from ._inspect import (
     LockState,
@@ -330,7 +330,9 @@ def connect(url: str, **kwargs: Any) -> Any:
 
 def _parsed(url: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
     """``cluster_url(url)``, once redis-py parsed the URL (without connecting): ValueError when
-    it cannot."""
+    it cannot. A sentinel URL (``redis+sentinel://``) is parsed by ``sentinel_url``."""
+    if sentinel_url(url) is not None:
+        return None
     parsed = cluster_url(url)
     redis.connection.parse_url(url if parsed is None else parsed[0])  # type: ignore[no-untyped-call]
     return parsed

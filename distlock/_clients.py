@@ -16,8 +16,12 @@ Construction only: nothing here talks to Redis (redis-py connects on the first c
   reported lost when its lease runs out, not a minute later.
 
 Only clients built on redis-py's own pools and connection classes are twinned; anything else
-(Sentinel, Cluster, test doubles) is used as it is. How commands are sent is the executor's
-business (``_executor.py``).
+(Cluster, test doubles) is used as it is. A Sentinel-managed client
+(``Sentinel(...).master_for(service)``) gets a session of its own (it is not ``shareable``),
+and its watchdog's twin is one of the same kind: a ``SentinelConnectionPool`` of its own on the
+same ``Sentinel`` and service, so that every renewal connection looks the master up when it
+connects and follows a failover. How commands are sent is the executor's business
+(``_executor.py``).
 """
 
 from __future__ import annotations
@@ -64,11 +68,38 @@ def _twin(pool: Any, overrides: Dict[str, Any], private: bool) -> Any:
     return redis.Redis(connection_pool=new_pool)
 
 
+def _sentinel_pool_of(client: Any) -> Any:
+    """``client``'s pool when it is redis-py's ``SentinelConnectionPool`` of a master, on
+    redis-py's own Sentinel connection classes; else None."""
+    from redis.sentinel import SentinelConnectionPool, SentinelManagedConnection, SentinelManagedSSLConnection
+
+    pool: Any = getattr(client, "connection_pool", None)
+    if type(pool) is not SentinelConnectionPool or not pool.is_master:
+        return None
+    if pool.connection_class not in (SentinelManagedConnection, SentinelManagedSSLConnection):
+        return None
+    return pool
+
+
+def _sentinel_twin(pool: Any, overrides: Dict[str, Any]) -> Any:
+    """A master client on a ``SentinelConnectionPool`` of its own: ``pool``'s Sentinel,
+    service and connection settings, and ``overrides``."""
+    from redis.sentinel import SentinelConnectionPool
+
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k != "connection_pool"}
+    kwargs.update(overrides)
+    return redis.Redis(connection_pool=SentinelConnectionPool(  # type: ignore[no-untyped-call]
+        pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
+        is_master=True, check_connection=pool.check_connection, **kwargs))
+
+
 def renewer(client: Any, timeout: float) -> Optional[Any]:
     """A twin for the watchdog (one thread: one connection) whose every command gives up after ``timeout``
     seconds (or the client's own, shorter, socket timeout), without retries; None when the
     client cannot be twinned."""
     pool = _pool_of(client)
+    if pool is None:
+        pool = _sentinel_pool_of(client)
     if pool is None:
         return None
     own = pool.connection_kwargs.get("socket_timeout")
@@ -82,6 +113,8 @@ def renewer(client: Any, timeout: float) -> Optional[Any]:
         "retry_on_error": [],
     }
     try:
+        if _pool_of(client) is None:
+            return _sentinel_twin(pool, overrides)
         return _twin(pool, overrides, True)
     except (TypeError, ValueError):
         return None

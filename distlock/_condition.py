@@ -45,6 +45,7 @@ from ._flow import READ, RUN, Flow
 from ._lock import _UNSET, DistLock, DistRLock, _LockBase, _ThreadOwned, release_into, session_of
 from ._logic import Keys, check_name, lease_ms
 from ._outcomes import Busy, Outcome, cond_leave
+from ._replicas import refuse_options
 from ._session import Hold, Session, SessionUser
 from ._waitpolicy import FIRST, LAST
 
@@ -87,8 +88,10 @@ class DistCondition(SessionUser):
     acquire: Callable[..., Any]
     release: Callable[..., Any]
 
-    def __init__(self, name: str, lock: Any = None, *, client: ClientArg = None) -> None:
+    def __init__(self, name: str, lock: Any = None, *, client: ClientArg = None,
+                 min_replicas: Any = None, replica_timeout: Any = None) -> None:
         self._name = check_name(name)
+        refuse_options(type(self).__name__, min_replicas, replica_timeout)
         if client is not None:
             check_client(client)
         if lock is None:

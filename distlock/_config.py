@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 import redis
 
 from ._logic import check_retention, check_seconds
+from ._replicas import DEFAULT_REPLICA_TIMEOUT, check_min_replicas, check_replica_timeout
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
@@ -42,6 +43,10 @@ class Settings:
     - ``metric_group``: how a name is grouped in the metrics (``distlock.metrics()``): a
       function of the name returning a short label; None (the default) takes the name's
       first ``:``-separated segment (``orders:42`` -> ``orders``). See docs/guides/operating.rst.
+    - ``min_replicas``: how many replicas must acknowledge a grant of a lock or a semaphore
+      made without its own ``min_replicas`` (0: none, nothing is waited for); and
+      ``replica_timeout``: how long a grant waits for them, in seconds (0.5). See
+      docs/guides/replicas.rst.
     """
 
     prefix: str = "distlock:"
@@ -51,6 +56,8 @@ class Settings:
     queue_cap_factor: float = 10.0
     fence_retention: float = 3600.0
     metric_group: Optional[Callable[[str], str]] = field(default=None, compare=False)
+    min_replicas: int = 0
+    replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
     #: ``fence_retention`` in ms, as the scripts take it (computed once, not per call)
     fence_retention_ms: int = field(init=False, repr=False, compare=False)
 
@@ -86,6 +93,8 @@ def configure(
     wait_cap: Optional[float] = None,
     fence_retention: Optional[float] = None,
     metric_group: Optional[Callable[[str], str]] = None,
+    min_replicas: Optional[int] = None,
+    replica_timeout: Optional[float] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -117,6 +126,10 @@ def configure(
         if not callable(metric_group):
             raise TypeError(f"metric_group must be callable, not {type(metric_group).__name__}")
         changes["metric_group"] = metric_group
+    if min_replicas is not None:
+        changes["min_replicas"] = check_min_replicas(min_replicas)
+    if replica_timeout is not None:
+        changes["replica_timeout"] = check_replica_timeout(replica_timeout)
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")
@@ -140,6 +153,7 @@ def check_client(client: object, owner: str = "") -> None:
         check_url(client)
         return
     if isinstance(client, redis.Redis):
+        check_not_replica(client)
         return
     cluster = getattr(redis, "RedisCluster", None)
     if cluster is not None and isinstance(client, cluster):
@@ -153,6 +167,14 @@ def check_client(client: object, owner: str = "") -> None:
         "client must be a redis.Redis, a redis.RedisCluster or a URL string, "
         f"not {type(client).__name__}"
     )
+
+
+def check_not_replica(client: object) -> None:
+    """TypeError for a Sentinel replica client (``slave_for``): a replica refuses every write."""
+    pool = getattr(client, "connection_pool", None)
+    if getattr(pool, "is_master", True) is False and hasattr(pool, "service_name"):
+        raise TypeError("a Sentinel replica client (slave_for) cannot take a lock: "
+                        "give a master client, Sentinel(...).master_for(service)")
 
 
 def is_async_client(client: object) -> bool:
@@ -175,6 +197,7 @@ def check_async_client(client: object, owner: str) -> None:
     import redis.asyncio as aredis
 
     if isinstance(client, (aredis.Redis, aredis.RedisCluster)):
+        check_not_replica(client)
         return
     if isinstance(client, redis.Redis) or (
             getattr(redis, "RedisCluster", None) is not None and isinstance(client, redis.RedisCluster)):
@@ -218,9 +241,95 @@ def cluster_url(url: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
     return plain, nodes
 
 
+#: URL schemes that ask for a Sentinel-managed master:
+#: ``redis+sentinel://[user:pass@]host[:port][,host[:port]...]/service_name[/db][?options]`` (and
+#: ``rediss+sentinel://`` over TLS, to the sentinels and the data nodes). The spelling of the
+#: Redis-Sentinel-Url package, Prefect and RedisVL; redis-py has none of its own. A sentinel's
+#: port defaults to 26379. The credentials and the options are redis-py's own, for the data
+#: nodes; ``sentinel_username`` / ``sentinel_password`` options authenticate to the sentinels,
+#: which also get the ``socket_*`` (and, over TLS, ``ssl*``) options.
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+SENTINEL_PORT = 26379
+
+
+@dataclass(frozen=True)
+class SentinelURL:
+    """A parsed sentinel URL (``sentinel_url``): what ``Sentinel(sentinels,
+    sentinel_kwargs=...).master_for(service, **kwargs)`` takes."""
+
+    sentinels: List[Tuple[str, int]]
+    service: str
+    kwargs: Dict[str, Any]
+    sentinel_kwargs: Dict[str, Any]
+
+
+def sentinel_url(url: str) -> Optional[SentinelURL]:
+    """For a sentinel URL (``SENTINEL_SCHEMES``): its parts, parsed without I/O; None for any
+    other URL. ValueError for a sentinel URL without a sentinel or a service name, with a port
+    or db that is not a number, or with options redis-py cannot parse."""
+    scheme = next((s for s in SENTINEL_SCHEMES if url.lower().startswith(s)), None)
+    if scheme is None:
+        return None
+    rest, _, query = url[len(scheme):].partition("?")
+    hosts, _, path = rest.partition("/")
+    auth, _, hosts = hosts.rpartition("@")
+    sentinels: List[Tuple[str, int]] = []
+    for part in hosts.split(","):
+        host, sep, port = part.strip().rpartition(":")
+        if not sep:
+            host, port = port, str(SENTINEL_PORT)
+        if not host or not port.isdigit():
+            raise ValueError(f"a sentinel URL names its sentinels as host[:port][,host[:port]...], "
+                             f"not {part!r} (in {url!r})")
+        sentinels.append((host, int(port)))
+    service, _, db = path.strip("/").partition("/")
+    if not service:
+        raise ValueError(f"a sentinel URL names its service: "
+                         f"redis+sentinel://host:port/service_name[/db], not {url!r}")
+    if db and not db.isdigit():
+        raise ValueError(f"a sentinel URL's db is a number: .../service_name/db, not {db!r} (in {url!r})")
+    from urllib.parse import parse_qsl, urlencode
+
+    options = parse_qsl(query, keep_blank_values=True)
+    to_sentinels = {k: v for k, v in options if k in ("sentinel_username", "sentinel_password")}
+    query = urlencode([(k, v) for k, v in options if k not in to_sentinels])
+    tls = scheme.startswith("rediss")
+    plain = ("rediss://" if tls else "redis://") + (auth + "@" if auth else "") + "localhost" + \
+        (f"/{db}" if db else "") + (f"?{query}" if query else "")
+    kwargs = redis.connection.parse_url(plain)  # type: ignore[no-untyped-call]
+    for key in ("host", "port", "path", "connection_class"):
+        kwargs.pop(key, None)
+    if tls:
+        kwargs["ssl"] = True
+    sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith(("socket_", "ssl"))}
+    sentinel_kwargs.update((k[len("sentinel_"):], v) for k, v in to_sentinels.items())
+    return SentinelURL(sentinels, service, kwargs, sentinel_kwargs)
+
+
+def _sentinel_from_url(module: Any, parsed: SentinelURL, **kwargs: Any) -> Any:
+    """``module.sentinel.Sentinel(...).master_for(...)`` (``module``: ``redis`` or
+    ``redis.asyncio``) for a parsed sentinel URL; ``kwargs`` go to ``master_for``, and their
+    ``socket_*`` timeouts to the sentinels too where the URL sets none. Nothing connects: the
+    master is looked up on the first command."""
+    import importlib
+
+    sentinel = importlib.import_module(module.__name__ + ".sentinel")
+    options = dict(parsed.kwargs)
+    options.update(kwargs)
+    sentinel_kwargs = dict(parsed.sentinel_kwargs)
+    for key, value in kwargs.items():
+        if key.startswith("socket_"):
+            sentinel_kwargs.setdefault(key, value)
+    manager = sentinel.Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)
+    return manager.master_for(parsed.service, **options)
+
+
 def check_url(url: str) -> None:
     """ValueError for a URL redis-py cannot parse. A cluster URL is only parsed (making its
-    client would connect, to read the slot map); any other makes its client, which does not."""
+    client would connect, to read the slot map), and so is a sentinel URL; any other makes its
+    client, which does not connect."""
+    if sentinel_url(url) is not None:
+        return
     parsed = cluster_url(url)
     if parsed is None:
         _client_for_url(url)
@@ -240,7 +349,11 @@ def _cluster_from_url(module: Any, url: str, parsed: Tuple[str, List[Tuple[str, 
 
 def client_from_url(url: str, **kwargs: Any) -> Any:
     """A new blocking client for ``url`` (``kwargs`` go to redis-py): a ``redis.RedisCluster``
-    for a cluster URL (it connects now, to read the slot map), else a ``redis.Redis``."""
+    for a cluster URL (it connects now, to read the slot map), a Sentinel's ``master_for``
+    client for a sentinel URL, else a ``redis.Redis``."""
+    sentinel = sentinel_url(url)
+    if sentinel is not None:
+        return _sentinel_from_url(redis, sentinel, **kwargs)
     parsed = cluster_url(url)
     if parsed is None:
         return redis.Redis.from_url(url, **kwargs)
@@ -311,9 +424,13 @@ def resolve_async_client(client: Any) -> Any:
 
 def async_client_from_url(url: str, **kwargs: Any) -> Any:
     """``client_from_url`` for the asyncio shell: a ``redis.asyncio.RedisCluster`` for a
-    cluster URL (it reads the slot map on first use), else a ``redis.asyncio.Redis``."""
+    cluster URL (it reads the slot map on first use), ``redis.asyncio.sentinel``'s
+    ``master_for`` client for a sentinel URL, else a ``redis.asyncio.Redis``."""
     import redis.asyncio as aredis
 
+    sentinel = sentinel_url(url)
+    if sentinel is not None:
+        return _sentinel_from_url(aredis, sentinel, **kwargs)
     parsed = cluster_url(url)
     if parsed is None:
         return aredis.Redis.from_url(url, **kwargs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-__all__ = ["DistLockError", "LockNotOwnedError", "LockLostError"]
+__all__ = ["DistLockError", "LockNotOwnedError", "LockLostError", "NotEnoughReplicasError"]
 
 
 class DistLockError(Exception):
@@ -49,3 +49,28 @@ class LockLostError(LockNotOwnedError):
 def _rebuild(cls: Any, message: str, name: Optional[str], token: Optional[int]) -> Any:
     """Unpickle a LockNotOwnedError (or subclass) with its keyword-only data."""
     return cls(message, name=name, token=token)
+
+
+class NotEnoughReplicasError(DistLockError):
+    """A grant that fewer replicas acknowledged (``WAIT``) than the primitive's
+    ``min_replicas``, within its ``replica_timeout``: it was given back, and the caller holds
+    nothing. ``acknowledged`` is how many replicas answered, ``required`` how many were asked
+    for; both survive pickling. See docs/guides/replicas.rst.
+    """
+
+    def __init__(self, message: str = "", *, acknowledged: int = 0, required: int = 0) -> None:
+        super().__init__(message)
+        self.acknowledged = acknowledged
+        self.required = required
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_rebuild_replicas, (type(self), str(self), self.acknowledged, self.required))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self)!r}, acknowledged={self.acknowledged!r}, "
+                f"required={self.required!r})")
+
+
+def _rebuild_replicas(cls: Any, message: str, acknowledged: int, required: int) -> Any:
+    """Unpickle a NotEnoughReplicasError with its keyword-only data."""
+    return cls(message, acknowledged=acknowledged, required=required)

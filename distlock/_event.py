@@ -24,6 +24,7 @@ from ._engine import Waiting, waiting_flow
 from ._flow import READ, RUN, Flow, drive
 from ._logic import check_name
 from ._outcomes import REJOIN, Busy, Outcome, event_wait
+from ._replicas import refuse_options
 from ._session import Session, SessionUser
 from ._synclogic import EventKeys, entry_ms, event_repr
 from ._waitpolicy import FIRST, LAST, WAIT
@@ -51,8 +52,10 @@ class DistEvent(SessionUser):
 
     _metric_kind = "event"
 
-    def __init__(self, name: str, *, client: ClientArg = None) -> None:
+    def __init__(self, name: str, *, client: ClientArg = None, min_replicas: Any = None,
+                 replica_timeout: Any = None) -> None:
         self._name = check_name(name)
+        refuse_options(type(self).__name__, min_replicas, replica_timeout)
         if client is not None:
             check_client(client)
         self._client_arg = client

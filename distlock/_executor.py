@@ -21,6 +21,12 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
   no hidden retries). Renewals are safe to repeat.
 - ``pubsub()``: a new pub/sub connection, for the session's dispatcher.
 
+``run(..., acks=(k, ms))`` sends ``WAIT k ms`` behind the script, packed with it in one write on
+the same connection, and returns ``(reply, replicas that acknowledged)``: the grant of a
+primitive made with ``min_replicas`` (see ``_replicas``). redis-py's ``client.wait()`` could
+take another pooled connection, whose WAIT would say nothing of this script's writes.
+``Batch.wait(k, ms)`` does the same at the end of a batch (the watchdog's renewals).
+
 This is the standalone executor, and ``executor_for`` is the one place that picks an executor
 for a client, behind the same methods: a ``redis.RedisCluster`` gets the Cluster executor
 (``_executor_cluster``: routed by the keys' slot, MOVED, ASK and TRYAGAIN followed, one batch
@@ -33,7 +39,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import redis
 from redis.commands.core import Script
@@ -43,7 +49,7 @@ from ._config import settings
 from ._scripts import locate, script_names, script_source
 
 __all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "executor_for", "sender", "packer",
-           "taker", "located", "disconnect_quietly"]
+           "taker", "located", "disconnect_quietly", "pair_sender", "read_pair", "demoted"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
 #: plus the pub/sub and watchdog ones).
@@ -76,15 +82,22 @@ class Executor:
         # to the object behind a weak proxy, and keep the user's client alive for ever.
         self.scripts = {name: Script(client, script_source(name)) for name in script_names()}
         self._execute = sender(client if real is None else real, client)
+        self._execute_pair = pair_sender(client if real is None else real, client)
         #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
         #: condition only for the rare caller that finds it empty.
         self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
         self._gate_cond = threading.Condition(threading.Lock())
         self._gate_waiting = 0
         self._renewer: Any = None  # (renew interval, client), made on the first renewal
+        #: scripts loaded before their first run with ``acks`` (see ``run``)
+        self._preloaded: Set[str] = set()
 
-    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+            acks: Optional[Tuple[int, int]] = None) -> Any:
         """Run script ``name`` as one EVALSHA and return its reply (see the module's docstring).
+
+        With ``acks`` (k, ms): send ``WAIT k ms`` behind it, in the same write on the same
+        connection, and return ``(reply, how many replicas acknowledged)``.
 
         At most ``SCRIPT_CONCURRENCY`` runs are in flight at once, so a hundred threads
         arriving together do not open a hundred connections.
@@ -96,7 +109,15 @@ class Executor:
         except IndexError:
             self._gate_wait()
         try:
-            return self._send(name, script, keys, args)
+            if acks is None:
+                return self._send(name, script, keys, args)
+            if name not in self._preloaded:
+                # A WAIT blocks while a replica lags even when nothing was written before it
+                # (Redis 7), so a NOSCRIPT answer would cost a whole timeout before the real
+                # run: load the script first (safe to repeat; on a cluster, on every master).
+                self.client.script_load(script.script)
+                self._preloaded.add(name)
+            return self._send(name, script, keys, args, ("WAIT", *acks))
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
         finally:
@@ -105,15 +126,34 @@ class Executor:
                 with self._gate_cond:
                     self._gate_cond.notify()
 
-    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
-        """Send one script once (see the module's docstring); a topology's executor routes it."""
+    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+              then: Optional[Tuple[Any, ...]] = None) -> Any:
+        """Send one script once (see the module's docstring); a topology's executor routes it.
+        ``then``: a command sent behind it in the same write (``run``'s WAIT); the reply is
+        then both replies.
+
+        A Sentinel client's connection to a master that was demoted meanwhile answers READONLY
+        (``demoted``): nothing was written, and the connection is dropped, so the script goes
+        once more, on a connection that looks the master up afresh."""
+        followed = False
         for _ in range(NOSCRIPT_TRIES):
             try:
-                return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                if then is None:
+                    return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                return self._execute_pair(("EVALSHA", script.sha, len(keys), *keys, *args), then)
             except redis.exceptions.NoScriptError:
                 # Another SCRIPT FLUSH may land between the load and the run: try again.
                 script.sha = self.client.script_load(script.script)
-        return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+            except redis.exceptions.ConnectionError as exc:
+                if followed or not demoted(exc):
+                    raise
+                followed = True
+                # ask the sentinels now: a new master drops the pool's idle connections,
+                # which all talk to the demoted one
+                self.client.connection_pool.get_master_address()
+        if then is None:
+            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        return self._execute_pair(("EVALSHA", script.sha, len(keys), *keys, *args), then)
 
     def _gate_wait(self) -> None:
         """Block until a run slot is free (all ``SCRIPT_CONCURRENCY`` are in flight).
@@ -174,12 +214,21 @@ class Batch:
     """Scripts and commands queued for one round trip; ``execute`` sends them. A script's
     error in the replies names the script's file and line, as ``run``'s do."""
 
-    __slots__ = ("_scripts", "_pipe", "_names")
+    __slots__ = ("_scripts", "_pipe", "_names", "_wait", "acked")
 
     def __init__(self, scripts: Dict[str, Any], client: Any) -> None:
         self._scripts = scripts
         self._pipe = client.pipeline(transaction=False)
         self._names: List[str] = []  # per queued entry: its script's name, or ''
+        self._wait: Optional[Tuple[int, int]] = None
+        #: after ``execute``, with ``wait``: per entry, WAIT's reply on its connection (a
+        #: count, or the error it met); None without ``wait``
+        self.acked: Optional[List[Any]] = None
+
+    def wait(self, k: int, ms: int) -> None:
+        """End the round trip with ``WAIT k ms`` on the same connection (after every entry):
+        ``acked`` then says how many replicas acknowledged the entries' writes."""
+        self._wait = (k, ms)
 
     def script(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> None:
         # redis-py's Script on a pipeline loads itself before the pipeline runs (NOSCRIPT-safe)
@@ -195,14 +244,28 @@ class Batch:
 
     def execute(self, raise_on_error: bool = True) -> List[Any]:
         """The replies, in order; with ``raise_on_error`` false, errors among them."""
+        if self._wait is not None:
+            self._pipe.execute_command("WAIT", *self._wait)
+        raw = self._pipe.execute(raise_on_error=False)
+        if self._wait is not None:
+            self.acked = [raw.pop()] * len(self._names)
         replies = [located(name, reply) if name and isinstance(reply, redis.exceptions.ResponseError)
                    else reply
-                   for name, reply in zip(self._names, self._pipe.execute(raise_on_error=False))]
+                   for name, reply in zip(self._names, raw)]
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
         return replies
+
+
+def demoted(exc: BaseException) -> bool:
+    """Whether ``exc`` is redis-py's Sentinel connection telling that the master it talked to
+    answered READONLY (it was demoted to a replica): a ConnectionError raised while handling a
+    ReadOnlyError. A replica refuses every write, so the script wrote nothing: like a
+    redirection, it may be sent again (DESIGN principle 13), on a new connection."""
+    return isinstance(exc, redis.exceptions.ConnectionError) and \
+        isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
 
 
 def disconnect_quietly(client: Any) -> None:
@@ -329,6 +392,69 @@ def _pooled(pool: Any) -> Callable[..., Any]:
             return conn.read_response()
         except redis.exceptions.ResponseError:
             raise  # the whole reply was read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # a reply may be left half-read on the socket
+            raise
+        finally:
+            give_back(conn)
+
+    return execute
+
+
+def pair_sender(client: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
+    """``sender``'s twin for a command with a second one behind it (a script and its WAIT):
+    both packed in one write on one connection, never retried; returns both replies, or
+    raises the first one's error once the second reply is read too. fakeredis (no network):
+    a pipeline of the two through ``via``."""
+    kind = type(client)
+    single = getattr(client, "connection", None)
+    pool = getattr(client, "connection_pool", None)
+    networked = isinstance(client, redis.Redis) and not kind.__module__.startswith("fakeredis")
+    if networked and single is not None:
+        return _pooled_pair(_OneConnection(single, client.single_connection_lock))
+    if not networked or not isinstance(pool, redis.ConnectionPool):
+        def through(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
+            pipe = via.pipeline(transaction=False)
+            pipe.execute_command(*command)
+            pipe.execute_command(*then)
+            first, second = pipe.execute(raise_on_error=False)
+            if isinstance(first, Exception):
+                raise first
+            return first, second
+        return through
+    return _pooled_pair(pool)
+
+
+def read_pair(conn: Any) -> Tuple[Any, Any]:
+    """Read the replies of a command and of the one sent behind it on ``conn`` (a blocking
+    connection): the second is read even when the first is an error, which is then raised,
+    so that the connection is left clean; the second's error is returned as its reply."""
+    try:
+        first: Any = conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        first = exc
+    try:
+        second: Any = conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        second = exc
+    if isinstance(first, Exception):
+        raise first
+    return first, second
+
+
+def _pooled_pair(pool: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
+    take = taker(pool)
+    give_back = pool.release
+    pack = packer(pool.get_encoder())
+
+    def execute(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
+        packed = [pack(command)[0] + pack(then)[0]]
+        conn = take()
+        try:
+            conn.send_packed_command(packed)
+            return read_pair(conn)
+        except redis.exceptions.ResponseError:
+            raise  # both replies were read: the connection is clean
         except BaseException:
             conn.disconnect()  # a reply may be left half-read on the socket
             raise

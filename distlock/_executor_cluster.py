@@ -22,6 +22,11 @@ serves it. The same three kinds of traffic as on one server (``_executor``), rou
 - ``dispatcher``: one pub/sub connection per node that has waiters (``_pubsub_cluster``); the
   scripts announce releases with SPUBLISH (sharded pub/sub, Redis 7.0+), or PUBLISH on older
   servers.
+
+A grant made with ``min_replicas`` (``run(..., acks=...)``) sends its WAIT behind the script on
+the same connection of the slot's master, so the WAIT counts that shard's replicas and no
+other's (``RedisCluster.wait()`` would ask every shard). A batch's WAIT (the watchdog's
+renewals) ends each node's pipeline: each entry learns its own master's count.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptErr
 
 from ._clients import renewer
 from ._config import settings
-from ._executor import Batch, Executor, disconnect_quietly, located, packer, taker
+from ._executor import Batch, Executor, disconnect_quietly, located, packer, read_pair, taker
 from ._scripts import script_names, script_source
 
 __all__ = ["ClusterExecutor", "ClusterBatch", "REDIRECTS", "REDIRECT_BOUND", "is_cluster"]
@@ -127,7 +132,8 @@ class ClusterExecutor(Executor):
 
     # --- the three kinds of traffic ---------------------------------------------------------
 
-    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Any:
+    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+              then: Optional[Tuple[Any, ...]] = None) -> Any:
         if not keys:
             raise ValueError(f"distlock: script {name} has no key to route it by")
         slot = self.slot_of(keys[0])
@@ -138,7 +144,7 @@ class ClusterExecutor(Executor):
         for attempt in range(REDIRECTS):
             node = asking if asking is not None else self.master(slot)
             try:
-                return self._sender(node)(command, asking is not None)
+                return self._sender(node)(command, asking is not None, then)
             except _NotSent as exc:
                 error: BaseException = exc.__cause__ or exc
                 self.refresh()
@@ -219,16 +225,19 @@ def _has_sharded_pubsub(client: Any) -> bool:
         return True
 
 
-def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool], Any]:
+def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool, Optional[Tuple[Any, ...]]], Any]:
     """Send one command on a connection of ``pool`` (one node), never retrying; raise
-    ``_NotSent`` when no connection could be opened."""
+    ``_NotSent`` when no connection could be opened. ``then``: a command sent behind it in
+    the same write (a grant's WAIT): both replies are returned (``_executor.read_pair``)."""
     take = taker(pool)
     give_back = pool.release
     pack = packer(pool.get_encoder())
     asking = pack(("ASKING",))
 
-    def execute(command: Tuple[Any, ...], ask: bool) -> Any:
+    def execute(command: Tuple[Any, ...], ask: bool, then: Optional[Tuple[Any, ...]] = None) -> Any:
         packed = pack(command)
+        if then is not None:
+            packed = [packed[0] + pack(then)[0]]
         try:
             conn = take()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
@@ -239,6 +248,8 @@ def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool], Any]:
                 conn.read_response()
             else:
                 conn.send_packed_command(packed)
+            if then is not None:
+                return read_pair(conn)
             return conn.read_response()
         except redis.exceptions.ResponseError:
             raise  # the whole reply was read: the connection is clean
@@ -265,6 +276,8 @@ class ClusterBatch(Batch):
         self._client_for = client_for
         #: per entry: (slot, script name or '', keys, args or the command)
         self._entries: List[Tuple[int, str, Tuple[Any, ...], Tuple[Any, ...]]] = []
+        self._wait: Optional[Tuple[int, int]] = None
+        self.acked: Optional[List[Any]] = None
 
     def script(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> None:
         self._entries.append((self._executor.slot_of(keys[0]), name, tuple(keys), tuple(args)))
@@ -283,6 +296,8 @@ class ClusterBatch(Batch):
 
     def execute(self, raise_on_error: bool = True) -> List[Any]:
         replies: List[Any] = [None] * len(self._entries)
+        if self._wait is not None:
+            self.acked = [0] * len(self._entries)
         todo = list(range(len(self._entries)))
         for round_ in range(_BATCH_ROUNDS):
             groups: Dict[str, Tuple[Any, List[int]]] = {}
@@ -327,11 +342,17 @@ class ClusterBatch(Batch):
                 pipe.execute_command("EVALSHA", scripts[name].sha, len(keys), *keys, *args)
             else:
                 pipe.execute_command(*args)
+        if self._wait is not None:
+            pipe.execute_command("WAIT", *self._wait)  # this node's replicas, for its entries
         try:
             raw = pipe.execute(raise_on_error=False)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             self._executor.refresh()
             return [exc] * len(indexes)
+        if self._wait is not None:
+            acked = raw.pop()
+            for i in indexes:
+                self.acked[i] = acked  # type: ignore[index]
         loaded.update(name for name, reply in zip(loads, raw) if not isinstance(reply, Exception))
         replies = []
         for i, reply in zip(indexes, raw[len(loads):]):

@@ -42,6 +42,7 @@ from ._outcomes import LOST, Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
 from ._outcomes import lock_reenter as decode_reenter
 from ._outcomes import lock_release as decode_release
+from ._replicas import Acks, acks_for, check_options, give_back_unacked, refuse_quorum
 from ._session import Hold, Session, SessionUser, Waiter, add_lost_callback, fire_lost
 from ._waitpolicy import HINTED, LAST, WAIT
 
@@ -51,6 +52,10 @@ __all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "rele
 log = logging.getLogger("distlock")
 
 _UNSET: Any = object()
+
+#: a fair lock's grants are made by other processes' releases too (the hand-off), which have
+#: no caller to wait for replicas: the two options do not combine (yet)
+FAIR_REPLICAS = "min_replicas does not apply to a fair lock: use one or the other"
 T = TypeVar("T")
 
 
@@ -67,13 +72,18 @@ class _LockBase(SessionUser):
     _repr_prefix = ""
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
                  fair: bool = False) -> None:
         self._name = check_name(name)
+        self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
+        refuse_quorum(client, self._min_replicas)
         if client is not None:
             check_client(client, type(self).__name__)
         self._client_arg = client
         self._lease = check_lease(lease)
         self._fair = check_fair(fair)
+        if fair and self._min_replicas:
+            raise TypeError(FAIR_REPLICAS)
         self._keys = Keys(settings().prefix, self._name)
         #: the fair queue's keys (``_fair``); a plain try reads its deadlines too, so that it
         #: never jumps a fair queue
@@ -163,24 +173,40 @@ class _LockBase(SessionUser):
 
     # --- the shared machinery ---------------------------------------------------------------
 
+    def _acks(self) -> Acks:
+        """What a grant waits for (``min_replicas``, ``replica_timeout``): None when nothing."""
+        return acks_for(self._min_replicas, self._replica_timeout, settings())
+
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
                       waiter: Optional[Waiter] = None) -> Flow[int]:
         """One try. ``mode``: '' first try, 'w' a queued waiter's try, 'p' a try answering a
-        hint (not registering), else the token being re-entered."""
+        hint (not registering), else the token being re-entered. A try for a new hold of a
+        lock made with ``min_replicas`` waits for the replicas' acknowledgement (a re-entry
+        creates no grant: it does not); too few, and the grant is given back and
+        NotEnoughReplicasError raised."""
+        keys = self._acquire_keys
         args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info)
         if waiter is not None:
             others = "1" if len(waiter.channel.waiters) > 1 else "0"
             args += (mode, count, waiter.channel.name, registry_lease_ms(settings().wait_cap), others)
         elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
+        fresh = mode in ("", "w", "p")
+        acks = self._acks() if fresh else None
         try:
-            return int((yield (RUN, "lock_acquire", self._acquire_keys, args)))
+            if acks is None:
+                return int((yield (RUN, "lock_acquire", keys, args)))
+            reply, acked = yield (RUN, "lock_acquire", keys, args, acks)
         except redis.ResponseError:
             raise  # the script did not run, or failed: nothing was granted
         except BaseException:
-            if mode in ("", "w", "p"):
+            if fresh:
                 yield from self._undo_lost_grant(owner)
             raise
+        if int(reply) > 0:
+            yield from give_back_unacked(self._name, acks, acked,
+                                         functools.partial(self._undo_lost_grant, owner))
+        return int(reply)
 
     def _undo_lost_grant(self, owner: str) -> Flow[None]:
         """The reply of a try for a new hold was lost (the connection failed, or the caller
@@ -251,6 +277,8 @@ class _LockBase(SessionUser):
         """The try before any waiting (the uncontended path): its raw reply, a token > 0 on a
         grant. ``waits``: a refusal will be followed by a wait."""
         if self._fair:
+            if self._acks() is not None:
+                raise TypeError(FAIR_REPLICAS)
             return (yield from first_try(self, session, owner, ms, count))
         return (yield from self._call_acquire(session, owner, ms, count, ""))
 
@@ -286,7 +314,7 @@ class _LockBase(SessionUser):
                ms: int, sent_at: float) -> Hold:
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renew_fn, end=self._end_fn,
-                    notify=_notify_lost, meter=self._meter, grant=True)
+                    notify=_notify_lost, meter=self._meter, grant=True, acks=self._acks())
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -463,8 +491,11 @@ class DistLock(_LockBase):
 
     Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``),
     ``lease`` (None: a watchdog keeps the hold alive while the process lives; a number of
-    seconds: the hold expires by itself after that long) and ``fair`` (True: first come, first
-    served across every host, and a release hands the lock straight to the first waiter; see
+    seconds: the hold expires by itself after that long), ``min_replicas`` /
+    ``replica_timeout`` (a grant counts only once that many replicas acknowledged it within
+    that many seconds, else acquire raises NotEnoughReplicasError; default: ``configure()``'s,
+    0 and 0.5 s; see docs/guides/replicas.rst), and ``fair`` (True: first come, first served
+    across every host, and a release hands the lock straight to the first waiter; see
     docs/guides/locks.rst, "Fair locks"). TypeError when ``fair`` is not a bool.
     """
 
@@ -474,8 +505,10 @@ class DistLock(_LockBase):
     _unowned_message = "release unlocked lock"
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
                  fair: bool = False) -> None:
-        super().__init__(name, client=client, lease=lease, fair=fair)
+        super().__init__(name, client=client, lease=lease, min_replicas=min_replicas,
+                         replica_timeout=replica_timeout, fair=fair)
         self._hold: Optional[Hold] = None
         self._mutex = threading.Lock()
         # refers to the keys, not to this object, so that an abandoned object can be collected
@@ -637,8 +670,11 @@ class DistRLock(_ThreadOwned):
     The owner is this process' session and the calling thread: that thread may re-enter (through
     this or any other DistRLock of the same name), and only it may release. The count lives in
     Redis. Implements ``_is_owned``, ``_release_save``, ``_acquire_restore`` and
-    ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works. Options as
-    DistLock's; with ``fair=True`` the owner's re-entries never queue.
+    ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
+
+    Keyword-only options: as DistLock's (``client``, ``lease``, ``min_replicas``,
+    ``replica_timeout``, ``fair``). A re-entry is no grant: it waits for no replica; with
+    ``fair=True`` it never queues.
     """
 
     _metric_kind = "rlock"

@@ -365,7 +365,17 @@ class Dispatcher(Board):
             except Exception as exc:  # noqa: BLE001 - this thread must outlive any failure
                 if self.closed:
                     break
-                self._on_broken(exc)
+                try:
+                    self._on_broken(exc)
+                except ReferenceError:
+                    # the user's client the session talked through (a weak proxy: a Sentinel
+                    # client, say) is gone, and with it every primitive and waiter of it
+                    with self.mutex:
+                        self._reader_gone()
+                        self._pubsub = None
+                    break
+                except Exception:  # noqa: BLE001 - no new connection yet: try again
+                    log.exception("distlock: pub/sub reconnect failed")
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
                 continue

@@ -33,6 +33,7 @@ from ._lock import _ThreadOwned
 from ._logic import check_lease, check_name
 from ._outcomes import Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
+from ._replicas import give_back_unacked
 from ._rwlogic import (
     UPGRADE_REFUSED,
     RWKeys,
@@ -56,8 +57,10 @@ class _RWSide(_ThreadOwned):
 
     _kind = "RWSide"
 
-    def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float]) -> None:
-        super().__init__(name, client=client, lease=lease)
+    def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float],
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+        super().__init__(name, client=client, lease=lease, min_replicas=min_replicas,
+                         replica_timeout=replica_timeout)
         self._rw = rw
 
     # --- the family's acquire (``_LockBase._acquire``), with a side's queue ----------------
@@ -154,8 +157,10 @@ class DistReadLock(_RWSide):
 
     _metric_kind = "read"
 
-    def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float]) -> None:
-        super().__init__(name, rw, client=client, lease=lease)
+    def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float],
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+        super().__init__(name, rw, client=client, lease=lease, min_replicas=min_replicas,
+                         replica_timeout=replica_timeout)
         # a read hold is a member of the readers' sorted set, renewed as such
         self._renew_fn = functools.partial(_renew_reader, rw.fence)
 
@@ -181,16 +186,23 @@ class DistReadLock(_RWSide):
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
                       queued: bool = False) -> Flow[int]:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
+        keys = (rw.writer, rw.readers, rw.queue, rw.fence)
+        args = (owner, ms, ms + settings().fence_retention_ms, reentry_token, session.info)
+        acks = None if reentry_token else self._acks()  # a re-entry is no grant
         try:
-            return int((yield (RUN, "rw_read_acquire", (rw.writer, rw.readers, rw.queue, rw.fence),
-                               (owner, ms, ms + settings().fence_retention_ms, reentry_token,
-                                session.info))))
+            if acks is None:
+                return int((yield (RUN, "rw_read_acquire", keys, args)))
+            reply, acked = yield (RUN, "rw_read_acquire", keys, args, acks)
         except redis.ResponseError:
             raise
         except BaseException:
             if not reentry_token:
                 yield from self._undo_lost_read(owner, session.info)
             raise
+        if int(reply) > 0:
+            yield from give_back_unacked(self._name, acks, acked,
+                                         functools.partial(self._undo_lost_read, owner, session.info))
+        return int(reply)
 
     def _undo_lost_read(self, owner: str, info: str) -> Flow[None]:
         """A try for a new read hold lost its reply, and may have run (DESIGN principle 13):
@@ -280,16 +292,23 @@ class DistWriteLock(_RWSide):
         keys: Tuple[str, ...] = (rw.writer, rw.readers, rw.queue, rw.fence)
         if mode == "x":
             keys += (rw.reader_channel,)
+        args = write_acquire_args(owner, ms, ms + settings().fence_retention_ms, session.info,
+                                  mode, queue_ms, count)
+        acks = None if reentry_token else self._acks()  # a re-entry is no grant
         try:
-            return int((yield (RUN, "rw_write_acquire", keys,
-                               write_acquire_args(owner, ms, ms + settings().fence_retention_ms,
-                                                  session.info, mode, queue_ms, count))))
+            if acks is None:
+                return int((yield (RUN, "rw_write_acquire", keys, args)))
+            reply, acked = yield (RUN, "rw_write_acquire", keys, args, acks)
         except redis.ResponseError:
             raise
         except BaseException:
             if not reentry_token:
                 yield from self._undo_lost_write(owner, count)
             raise
+        if int(reply) > 0:
+            yield from give_back_unacked(self._name, acks, acked,
+                                         functools.partial(self._undo_lost_write, owner, count))
+        return int(reply)
 
     def _undo_lost_write(self, owner: str, count: int) -> Flow[None]:
         """A try for a new write hold lost its reply, and may have run: read the writer's hash
@@ -326,17 +345,22 @@ class DistReadWriteLock:
     - Every grant, read or write, gets a fencing token from the name's one counter.
     - After every hold is released, nothing but that counter is left in Redis.
 
-    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
-    and ``lease`` (None: the watchdog keeps holds alive while the process lives; a number of
-    seconds: each hold expires by itself after that long), for both sides.
+    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``),
+    ``lease`` (None: the watchdog keeps holds alive while the process lives; a number of
+    seconds: each hold expires by itself after that long), and ``min_replicas`` /
+    ``replica_timeout`` (each grant, read or write, counts only once that many replicas
+    acknowledged it: see docs/guides/replicas.rst), for both sides.
     """
 
-    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None) -> None:
+    def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
         self._name = check_name(name)
         check_lease(lease)
         rw = RWKeys.of(settings().prefix, self._name)
-        self._read = DistReadLock(self._name, rw, client=client, lease=lease)
-        self._write = DistWriteLock(self._name, rw, client=client, lease=lease)
+        self._read = DistReadLock(self._name, rw, client=client, lease=lease,
+                                  min_replicas=min_replicas, replica_timeout=replica_timeout)
+        self._write = DistWriteLock(self._name, rw, client=client, lease=lease,
+                                    min_replicas=min_replicas, replica_timeout=replica_timeout)
 
     @property
     def name(self) -> str:

@@ -18,6 +18,7 @@ run out, and the waiters, whose sleep is bounded by the first lease to run out, 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -33,6 +34,7 @@ from ._logic import check_lease, check_name, lease_ms
 from ._outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, Granted, Outcome, renewal
 from ._outcomes import sem_acquire as decode_acquire
 from ._outcomes import sem_release as decode_release
+from ._replicas import Acks, acks_for, check_options, give_back_unacked
 from ._session import Hold, Session, SessionUser, add_lost_callback, fire_lost
 from ._synclogic import (
     COUNT_OVERFLOW,
@@ -107,9 +109,11 @@ class DistSemaphore(SessionUser):
     of a process that holds no permit, as above, never a release of the parent's permits as
     its own.
 
-    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``)
-    and ``lease`` (None: the watchdog keeps permits alive while the process lives; seconds:
-    each permit expires by itself after that long).
+    Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``),
+    ``lease`` (None: the watchdog keeps permits alive while the process lives; seconds:
+    each permit expires by itself after that long), and ``min_replicas`` / ``replica_timeout``
+    (a permit counts only once that many replicas acknowledged its grant, else acquire raises
+    NotEnoughReplicasError: see docs/guides/replicas.rst).
     """
 
     _metric_kind = "semaphore"
@@ -117,9 +121,11 @@ class DistSemaphore(SessionUser):
     _bounded = False
 
     def __init__(self, name: str, value: int = 1, *, client: ClientArg = None,
-                 lease: Optional[float] = None) -> None:
+                 lease: Optional[float] = None, min_replicas: Optional[int] = None,
+                 replica_timeout: Optional[float] = None) -> None:
         self._name = check_name(name)
         self._initial = check_sem_value(value)
+        self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
         if client is not None:
             check_client(client)
         self._client_arg = client
@@ -270,9 +276,13 @@ class DistSemaphore(SessionUser):
         args: Tuple[Any, ...] = (pid, ms, self._initial)
         if queue_ms is not None:
             args += (queue_ms,)
+        acks = self._acks()
         for _ in range(_MISMATCH_TRIES):
             try:
-                reply = yield (RUN, "sem_acquire", keys.acquire, args)
+                if acks is None:
+                    reply = yield (RUN, "sem_acquire", keys.acquire, args)
+                else:
+                    reply, acked = yield (RUN, "sem_acquire", keys.acquire, args, acks)
             except redis.ResponseError:
                 raise  # the script did not run, or failed: nothing was granted
             except BaseException:
@@ -282,12 +292,19 @@ class DistSemaphore(SessionUser):
             if outcome is not MISMATCH:
                 if type(outcome) is not Granted:
                     self._seen = 0
+                elif acks is not None:
+                    yield from give_back_unacked(self._name, acks, acked,
+                                                 functools.partial(self._undo_lost_grant, pid))
                 return outcome
             stored = yield from _recorded(keys)
             if stored is not None:
                 raise ValueError(value_mismatch(self._name, stored, self._initial))
         # pragma: no cover - the state vanished between every try and its look
         raise ValueError(value_mismatch(self._name, "another value", self._initial))
+
+    def _acks(self) -> Acks:
+        """What a grant waits for (``min_replicas``, ``replica_timeout``): None when nothing."""
+        return acks_for(self._min_replicas, self._replica_timeout, settings())
 
     def _undo_lost_grant(self, pid: str) -> Flow[None]:
         """The reply of a try was lost (the connection failed, or the caller was interrupted
@@ -317,7 +334,7 @@ class DistSemaphore(SessionUser):
         self._seen = reply - 1
         hold = Hold(session, self._keys.sem, pid, token=0, count=1, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._end,
-                    notify=_notify_lost, meter=self._metered(), grant=True)
+                    notify=_notify_lost, meter=self._metered(), grant=True, acks=self._acks())
         hold.listeners.add(self)
         session.add_hold(hold)
 

@@ -22,6 +22,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 from ._config import settings
 from ._metrics import Meter, renewed
 from ._outcomes import ENDED, RENEWED, renewal
+from ._replicas import batch_wait, renewal_counts
 
 __all__ = ["Hold", "Watchdog", "IDLE_EXIT"]
 
@@ -52,14 +53,15 @@ class Hold:
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
         "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
-        "pending",
+        "pending", "acks",
         "__weakref__",
     )
 
     def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
                  watchdog: bool, lease_ms: int, sent_at: float, renew: Renew,
                  end: Optional[End] = None, notify: Optional[Notify] = None,
-                 meter: Optional[Meter] = None, grant: bool = False) -> None:
+                 meter: Optional[Meter] = None, grant: bool = False,
+                 acks: Optional[Tuple[int, int]] = None) -> None:
         self.session = session
         self.key = key
         self.owner = owner
@@ -91,6 +93,9 @@ class Hold:
         #: an asyncio release of this hold still in flight (``_flow.Started``), which a
         #: re-entry by the same task waits for
         self.pending: Any = None
+        #: (k, timeout ms) for a hold of a primitive made with ``min_replicas``: a renewal
+        #: counts (advances ``expires_at``) only once k replicas acknowledged it; None: 0
+        self.acks = acks
 
 
 class Watchdog:
@@ -276,6 +281,10 @@ class Watchdog:
         failed = False
         try:
             batch = self._executor().renewal_batch()
+            # Holds made with min_replicas: one WAIT ends the round trip, on its connection
+            wait = batch_wait((hold.acks for hold in holds), settings().renew_interval)
+            if wait is not None:
+                batch.wait(*wait)
             queued = []
             for hold in holds:
                 try:
@@ -297,7 +306,9 @@ class Watchdog:
             return retry
         rtt = time.monotonic() - sent_at
         tally: Dict[Any, List[int]] = {}  # per series: [renewed, failed]
-        for hold, reply in zip(holds, replies):
+        acked = batch.acked if wait is not None else None
+        unacked: List[Hold] = []
+        for i, (hold, reply) in enumerate(zip(holds, replies)):
             counts = tally.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])
             if isinstance(reply, Exception):
                 log.warning("distlock: watchdog renewal of %s failed: %r", hold.key, reply)
@@ -306,7 +317,13 @@ class Watchdog:
                 self._expire([hold])
                 continue
             outcome = renewal(reply)
-            if outcome is RENEWED:
+            if outcome is RENEWED and not renewal_counts(hold.acks, None if acked is None else acked[i]):
+                # Too few replicas acknowledged it: it does not count. The hold keeps its last
+                # acknowledged deadline, and is lost once that passes (looked at again soon).
+                failed = True
+                counts[1] += 1
+                unacked.append(hold)
+            elif outcome is RENEWED:
                 counts[0] += 1
                 hold.lease_ms = lease_ms
                 hold.expires_at = sent_at + lease_ms / 1000.0
@@ -317,14 +334,30 @@ class Watchdog:
                 if not hold.releasing and self.registered(hold):
                     self._on_lost(hold, "a renewal found it gone or someone else's")
         _record_renewals(tally, rtt)
+        if unacked:
+            self._expire(unacked, cause="too few replicas acknowledged its renewals before its "
+                                        "last acknowledged lease ran out")
+            self._give_back_lost(unacked)
         return retry if failed else None
 
-    def _expire(self, holds: List[Hold], error: Any = None) -> None:
+    def _give_back_lost(self, holds: List[Hold]) -> None:
+        """Holds just reported lost while Redis still has them (their renewals went through on
+        the master, unacknowledged): give them back, as their owners are told they hold
+        nothing. Each ``end`` checks the hold is still ours; what fails ends with its lease."""
+        for hold in holds:
+            if not hold.lost or hold.end is None or hold.releasing or not self.registered(hold):
+                continue
+            try:
+                hold.end(hold)
+            except Exception as exc:  # noqa: BLE001 - it then ends with its lease
+                log.warning("distlock: could not give back %s: %r", hold.key, exc)
+
+    def _expire(self, holds: List[Hold], error: Any = None,
+                cause: str = "its lease ran out unrenewed") -> None:
         """Report lost every hold of ``holds`` whose lease has run out unrenewed."""
         now = time.monotonic()
         for hold in holds:
             if now >= hold.expires_at:
-                cause = "its lease ran out unrenewed"
                 self._on_lost(hold, cause if error is None else f"{cause} ({error!r})")
 
     def _drop_renewer(self) -> None:

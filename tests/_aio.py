@@ -85,6 +85,11 @@ class AioRunner:
             for made in self.clients:
                 close = getattr(made, "aclose", None) or made.close
                 await close()
+                # a Sentinel master client (a redis+sentinel:// URL's) leaves its Sentinel's
+                # own connections to the sentinels open
+                manager = getattr(getattr(made, "connection_pool", None), "sentinel_manager", None)
+                if manager is not None:
+                    await manager.aclose()
 
         try:
             self.run(finish(), 10)

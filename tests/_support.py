@@ -95,19 +95,32 @@ def kill(proc: subprocess.Popen[str]) -> None:
 ON_CLUSTER = "@cluster"
 
 
+#: ... and with this one through a Sentinel master client of the session's Sentinel set
+#: (tests/_sentinel.py): ``"DistLock@sentinel"``.
+ON_SENTINEL = "@sentinel"
+
+
 def base_type(type_id: str) -> str:
     """``type_id`` without its topology suffix."""
-    return type_id[: -len(ON_CLUSTER)] if type_id.endswith(ON_CLUSTER) else type_id
+    for suffix in (ON_CLUSTER, ON_SENTINEL):
+        if type_id.endswith(suffix):
+            return type_id[: -len(suffix)]
+    return type_id
 
 
 def client_for(type_id: str, request: Any) -> Any:
     """The blocking client a contract test of ``type_id`` talks through (a fixture's: cleaned
     up after the test)."""
+    if type_id.endswith(ON_SENTINEL):
+        return request.getfixturevalue("sentinel_client")
     return request.getfixturevalue("cluster_client" if type_id.endswith(ON_CLUSTER) else "client")
 
 
 def url_for(type_id: str, request: Any) -> str:
-    """The URL of the server (or cluster) a contract test of ``type_id`` talks to."""
+    """The URL of the server (or cluster, or Sentinel set) a contract test of ``type_id``
+    talks to."""
+    if type_id.endswith(ON_SENTINEL):
+        return str(request.getfixturevalue("sentinel_url"))
     return str(request.getfixturevalue("cluster_url" if type_id.endswith(ON_CLUSTER) else "url"))
 
 

@@ -83,16 +83,24 @@ def backend() -> Iterator[Backend]:
 
 @pytest.fixture
 def topology(request: pytest.FixtureRequest) -> str:
-    """Where ``client`` and ``url`` lead: ``"server"`` (the test server), or ``"cluster"`` (the
-    session's Redis Cluster) for a test marked ``cluster_too``, which runs on both."""
+    """Where ``client`` and ``url`` lead: ``"server"`` (the test server), ``"cluster"`` (the
+    session's Redis Cluster) for a test marked ``cluster_too``, which runs on both, or
+    ``"sentinel"`` (a Sentinel master client of the session's Sentinel set) for a test marked
+    ``sentinel_too`` as well."""
     return str(getattr(request, "param", "server"))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.definition.get_closest_marker("cluster_too") is not None \
-            and metafunc.definition.get_closest_marker("server_only") is None \
-            and "topology" in metafunc.fixturenames:
-        metafunc.parametrize("topology", ["server", "cluster"], indirect=True)
+    if metafunc.definition.get_closest_marker("server_only") is not None \
+            or "topology" not in metafunc.fixturenames:
+        return
+    topologies = ["server"]
+    if metafunc.definition.get_closest_marker("cluster_too") is not None:
+        topologies.append("cluster")
+    if metafunc.definition.get_closest_marker("sentinel_too") is not None:
+        topologies.append("sentinel")
+    if len(topologies) > 1:
+        metafunc.parametrize("topology", topologies, indirect=True)
 
 
 @pytest.fixture
@@ -101,6 +109,9 @@ def client(backend: Backend, topology: str, request: pytest.FixtureRequest) -> I
     of the session's cluster: ``cluster_client``); everything it made is gone after the test."""
     if topology == "cluster":
         yield request.getfixturevalue("cluster_client")
+        return
+    if topology == "sentinel":
+        yield request.getfixturevalue("sentinel_client")
         return
     before = set(threading.enumerate())
     c = backend.client()
@@ -125,6 +136,8 @@ def url(backend: Backend, client: redis.Redis, topology: str, request: pytest.Fi
     server only)."""
     if topology == "cluster":
         return str(request.getfixturevalue("cluster").url)
+    if topology == "sentinel":
+        return str(request.getfixturevalue("sentinel_set").url)
     if backend.url is None:
         pytest.skip("needs a real redis-server: other processes cannot reach fakeredis")
     return backend.url
@@ -253,3 +266,94 @@ def healthy_cluster(cluster: Any) -> Iterator[Any]:
         finally:
             _config.reset_settings()
         _wait_threads_gone(before)
+
+
+# --- a master with two replicas (tests/_replication.py) ----------------------------------------
+
+@pytest.fixture(scope="session")
+def replication_set() -> Iterator[Any]:
+    """A master and two replicas (tests/_replication.py), started the first time a test asks
+    for it and shared by the rest of the session. Skipped with a reason where there is no
+    server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
+    from _replication import Replication
+
+    if redis_server_binary() is None:
+        if REQUIRE_REAL:
+            pytest.fail("DISTLOCK_REQUIRE_REDIS=1 but there is no redis-server for the replicas")
+        pytest.skip("needs redis-server on PATH for a master with replicas")
+    made = Replication.start()
+    try:
+        yield made
+    finally:
+        try:
+            reset_sessions()
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def replication(replication_set: Any) -> Iterator[Any]:
+    """The session's master and two replicas, healthy and empty; after the test, every
+    distlock session is stopped, the settings reset, and the set healed (what was stopped
+    resumes, what was killed restarts, node 0 is the master again) and flushed."""
+    before = set(threading.enumerate())
+    try:
+        yield replication_set
+    finally:
+        reset_sessions()
+        try:
+            replication_set.heal()
+        finally:
+            _config.reset_settings()
+        _wait_threads_gone(before)
+
+
+# --- a real Sentinel set (tests/_sentinel.py) -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def sentinel_set() -> Iterator[Any]:
+    """One master, two replicas and three sentinels (tests/_sentinel.py), started the first
+    time a test asks for it and shared by the rest of the session. Skipped with a reason where
+    there is no server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
+    from _sentinel import SentinelSet
+
+    binary = redis_server_binary()
+    if binary is None:
+        reason = "needs redis-server on PATH (it also runs the sentinels) for a Sentinel set"
+        if REQUIRE_REAL:
+            pytest.fail(f"DISTLOCK_REQUIRE_REDIS=1 but the Sentinel set {reason}")
+        pytest.skip(reason)
+    made = SentinelSet.start(binary)
+    try:
+        yield made
+    finally:
+        try:
+            reset_sessions()
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def sentinel_client(sentinel_set: Any) -> Iterator[redis.Redis]:
+    """A Sentinel master client of the session's set (``Sentinel(...).master_for``); after the
+    test, its distlock sessions are stopped, the client is closed and the set healed (a node
+    left down or stopped by the test comes back as a replica) and flushed."""
+    before = set(threading.enumerate())
+    c = sentinel_set.client()
+    try:
+        yield c
+    finally:
+        reset_sessions()
+        try:
+            sentinel_set.heal()
+        finally:
+            c.close()
+            _config.reset_settings()
+        _wait_threads_gone(before)
+
+
+@pytest.fixture
+def sentinel_url(sentinel_set: Any, sentinel_client: Any) -> str:
+    """The session's Sentinel set as a ``redis+sentinel://`` URL (cleaned up as
+    ``sentinel_client``)."""
+    return str(sentinel_set.url)

@@ -141,7 +141,7 @@ class TestAioSemaphoreContract(_sem_suite.SemaphoreContract):
     one task)."""
 
     semtypes = ("aio.DistSemaphore", "aio.DistBoundedSemaphore", "aio.DistSemaphore@cluster",
-                "aio.DistBoundedSemaphore@cluster")
+                "aio.DistBoundedSemaphore@cluster", "aio.DistSemaphore@sentinel")
 
     @pytest.fixture
     def semtype(self, type_id: str, request: pytest.FixtureRequest) -> _sem_suite.SemType:
@@ -181,7 +181,7 @@ class TestAioSemaphoreContract(_sem_suite.SemaphoreContract):
 class TestAioEventContract(_event_suite.EventContract):
     """The event's threading contract, where asyncio's semantics agree."""
 
-    eventtypes = ("aio.DistEvent", "aio.DistEvent@cluster")
+    eventtypes = ("aio.DistEvent", "aio.DistEvent@cluster", "aio.DistEvent@sentinel")
 
     @pytest.fixture
     def make(self, type_id: str, request: pytest.FixtureRequest) -> Callable[[], Any]:

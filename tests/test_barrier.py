@@ -73,7 +73,7 @@ def _n_waiting(barrier: Any, n: int) -> Callable[[], bool]:
 
 class BarrierContract:
     __test__ = True
-    barriertypes = ("threading.Barrier", "DistBarrier", "DistBarrier@cluster")
+    barriertypes = ("threading.Barrier", "DistBarrier", "DistBarrier@cluster", "DistBarrier@sentinel")
 
     @pytest.fixture
     def make(self, type_id: str, request: pytest.FixtureRequest) -> Callable[..., Any]:

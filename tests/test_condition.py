@@ -157,6 +157,7 @@ CONDITION_IDS = ["threading.Condition", "DistCondition", "DistCondition(DistLock
 
 
 @pytest.mark.cluster_too
+@pytest.mark.sentinel_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_misuse_wording(client: Any, kind: str) -> None:
     cond = _conditions(client)[kind]()
@@ -173,6 +174,7 @@ def test_misuse_wording(client: Any, kind: str) -> None:
 
 
 @pytest.mark.cluster_too
+@pytest.mark.sentinel_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_misuse_from_another_thread(client: Any, kind: str) -> None:
     """Held by one thread, a reentrant lock is not another thread's (a plain Lock is anyone's)."""
@@ -267,6 +269,7 @@ def _collect(results: queue.Queue[Any], count: int) -> List[Any]:
 
 
 @pytest.mark.cluster_too
+@pytest.mark.sentinel_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 @pytest.mark.parametrize("n,woken", [(1, 1), (2, 2), (1.5, 2), (0, 0), (-1, 0), (math.nan, 0),
                                      (7, 3), (math.inf, 3)])
@@ -290,6 +293,7 @@ def test_notify_n_wakes_oldest(client: Any, kind: str, n: Any, woken: int) -> No
 
 
 @pytest.mark.cluster_too
+@pytest.mark.sentinel_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_notify_bad_type_with_waiters(client: Any, kind: str) -> None:
     cond = _conditions(client)[kind]()
@@ -306,6 +310,7 @@ def test_notify_bad_type_with_waiters(client: Any, kind: str) -> None:
 
 
 @pytest.mark.cluster_too
+@pytest.mark.sentinel_too
 @pytest.mark.parametrize("kind", CONDITION_IDS)
 def test_wait_returns_false_on_timeout(client: Any, kind: str) -> None:
     cond = _conditions(client)[kind]()

@@ -471,6 +471,7 @@ class LockContract(BaseLockContract):
 
     __test__ = True
     locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster",
+                 "DistLock@sentinel", "aio.DistLock@sentinel",
                  "DistLock+fair", "aio.DistLock+fair")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
@@ -517,7 +518,8 @@ class RLockContract(BaseLockContract):
 
     __test__ = True
     locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock", "DistRLock@cluster",
-                 "aio.DistRLock@cluster", "DistRLock+fair", "aio.DistRLock+fair")
+                 "aio.DistRLock@cluster", "DistRLock@sentinel", "aio.DistRLock@sentinel",
+                 "DistRLock+fair", "aio.DistRLock+fair")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()
@@ -676,6 +678,7 @@ class DistLockContract:
     __test__ = True
     locktypes = ("DistLock", "DistRLock", "aio.DistLock", "aio.DistRLock",
                  "DistLock@cluster", "DistRLock@cluster", "aio.DistLock@cluster", "aio.DistRLock@cluster",
+                 "DistLock@sentinel", "DistRLock@sentinel", "aio.DistLock@sentinel", "aio.DistRLock@sentinel",
                  "DistLock+fair", "DistRLock+fair", "aio.DistLock+fair", "aio.DistRLock+fair")
 
     @pytest.fixture

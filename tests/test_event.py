@@ -75,7 +75,7 @@ def _registered(event: Any, count: int) -> Callable[[], bool]:
 
 class EventContract:
     __test__ = True
-    eventtypes = ("threading.Event", "DistEvent", "DistEvent@cluster")
+    eventtypes = ("threading.Event", "DistEvent", "DistEvent@cluster", "DistEvent@sentinel")
 
     @pytest.fixture
     def make(self, type_id: str, request: pytest.FixtureRequest) -> Callable[[], Any]:

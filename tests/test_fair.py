@@ -561,3 +561,11 @@ def test_uncontended_is_two_round_trips_without_a_subscription(client: Any) -> N
         session.run = real_run  # type: ignore[method-assign]
     assert sent == ["fair_acquire", "fair_release"]
     assert not session.dispatcher.running
+
+
+def test_configured_min_replicas_makes_a_fair_acquire_refuse(client: Any) -> None:
+    distlock.configure(min_replicas=1)
+    lock = distlock.DistLock("fair-replicas", client=client, fair=True)
+    with pytest.raises(TypeError, match="^min_replicas does not apply to a fair lock"):
+        lock.acquire()
+    assert not client.exists("distlock:{fair-replicas}")

@@ -69,3 +69,12 @@ def test_status_names_a_fair_hold() -> None:
     fields = {b"s1:4ff8f224d003": b"1", b":t": b"7", b":i": b"h:1", b":n": b"s1:ab"}
     state = exclusive_state("x", "distlock:{x}", b"hash", fields, 1000, b"7")
     assert state is not None and state.kind == "DistLock (fair)" and ":n" not in state.extra
+
+
+def test_fair_locks_take_no_min_replicas() -> None:
+    import distlock
+
+    for cls in (distlock.DistLock, distlock.DistRLock):
+        with pytest.raises(TypeError, match="^min_replicas does not apply to a fair lock"):
+            cls("x", fair=True, min_replicas=1)
+        cls("x", fair=True, min_replicas=0)  # nothing to wait for: fine

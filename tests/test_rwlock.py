@@ -28,7 +28,7 @@ from distlock._rwlogic import UPGRADE_REFUSED, RWKeys, writer_entry_ms
 from distlock._scripts import script_names
 
 #: the whole contract runs on the test server and on the session's Redis Cluster
-pytestmark = pytest.mark.cluster_too
+pytestmark = [pytest.mark.cluster_too, pytest.mark.sentinel_too]
 
 SPAWN = multiprocessing.get_context("spawn")
 

@@ -109,7 +109,8 @@ class SemaphoreContract:
     __test__ = True
     semtypes = ("threading.Semaphore", "threading.BoundedSemaphore",
                 "DistSemaphore", "DistBoundedSemaphore",
-                "DistSemaphore@cluster", "DistBoundedSemaphore@cluster")
+                "DistSemaphore@cluster", "DistBoundedSemaphore@cluster",
+                "DistSemaphore@sentinel", "DistBoundedSemaphore@sentinel")
 
     @pytest.fixture
     def semtype(self, type_id: str, request: pytest.FixtureRequest) -> SemType:

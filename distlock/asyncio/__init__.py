@@ -7,9 +7,11 @@ once and return an awaitable (``lock.release()``), queries return an awaitable
 (``await lock.locked()``). See docs/guides/asyncio.rst.
 """
 
+from .._errors import NotEnoughReplicasError
 from ._condition import DistCondition, DistReadWriteLock
 from ._lock import DistLock, DistRLock
 from ._sync import BrokenBarrierError, DistBarrier, DistBoundedSemaphore, DistEvent, DistSemaphore
 
 __all__ = ["DistLock", "DistRLock", "DistReadWriteLock", "DistCondition", "DistSemaphore",
-           "DistBoundedSemaphore", "DistEvent", "DistBarrier", "BrokenBarrierError"]
+           "DistBoundedSemaphore", "DistEvent", "DistBarrier", "BrokenBarrierError",
+           "NotEnoughReplicasError"]

@@ -9,6 +9,7 @@ from .. import _condition, _lock, _rwlock
 from .._config import check_async_client, settings
 from .._flow import Query, Started
 from .._logic import check_lease, check_name
+from .._replicas import refuse_options
 from .._rwlogic import RWKeys
 from ._lock import DistLock, DistRLock, _AsyncLock
 from ._shell import AsyncShell, task_ident
@@ -29,8 +30,10 @@ class DistCondition(AsyncShell, _condition.DistCondition):
 
     _atomic_types = (DistLock, DistRLock)
 
-    def __init__(self, name: str, lock: Any = None, *, client: Any = None) -> None:
+    def __init__(self, name: str, lock: Any = None, *, client: Any = None,
+                 min_replicas: Any = None, replica_timeout: Any = None) -> None:
         check_name(name)
+        refuse_options(type(self).__name__, min_replicas, replica_timeout)
         if client is not None:  # before the default lock's own check, which names DistLock
             check_async_client(client, type(self).__name__)
         if lock is None:
@@ -121,14 +124,17 @@ class DistReadWriteLock(_rwlock.DistReadWriteLock):
     (``await side.acquire()``, ``async with side``, ``side.release()``); the same lock as
     ``distlock.DistReadWriteLock`` of that name."""
 
-    def __init__(self, name: str, *, client: Any = None, lease: Optional[float] = None) -> None:
+    def __init__(self, name: str, *, client: Any = None, lease: Optional[float] = None,
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
         self._name = check_name(name)
         check_lease(lease)
         if client is not None:  # before the sides' own checks, which name DistReadLock
             check_async_client(client, "DistReadWriteLock")
         rw = RWKeys.of(settings().prefix, self._name)
-        self._read = DistReadLock(self._name, rw, client=client, lease=lease)
-        self._write = DistWriteLock(self._name, rw, client=client, lease=lease)
+        self._read = DistReadLock(self._name, rw, client=client, lease=lease,
+                                  min_replicas=min_replicas, replica_timeout=replica_timeout)
+        self._write = DistWriteLock(self._name, rw, client=client, lease=lease,
+                                    min_replicas=min_replicas, replica_timeout=replica_timeout)
 
     def __repr__(self) -> str:
         return f"<distlock.asyncio.DistReadWriteLock object name={self._name!r} at {hex(id(self))}>"
