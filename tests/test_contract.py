@@ -472,7 +472,7 @@ class LockContract(BaseLockContract):
     __test__ = True
     locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster",
                  "DistLock@sentinel", "aio.DistLock@sentinel",
-                 "DistLock+fair", "aio.DistLock+fair")
+                 "DistLock+fair", "aio.DistLock+fair", "DistLock+fair@sentinel")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
         lock = locktype()
@@ -519,7 +519,7 @@ class RLockContract(BaseLockContract):
     __test__ = True
     locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock", "DistRLock@cluster",
                  "aio.DistRLock@cluster", "DistRLock@sentinel", "aio.DistRLock@sentinel",
-                 "DistRLock+fair", "aio.DistRLock+fair")
+                 "DistRLock+fair", "aio.DistRLock+fair", "DistRLock+fair@cluster")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()
