@@ -3,7 +3,7 @@
 from ._barrier import DistBarrier
 from ._condition import DistCondition
 from ._config import Settings, configure
-from ._errors import DistLockError, LockLostError, LockNotOwnedError, NotEnoughReplicasError
+from ._errors import DistLockError, LockLostError, LockNotOwnedError, NotEnoughReplicasError, QuorumError
 from ._event import DistEvent
 from ._lock import DistLock, DistRLock
 from ._metrics import snapshot as metrics
@@ -26,6 +26,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockLostError",
     "NotEnoughReplicasError",
+    "QuorumError",
 ]
 
 __version__ = "0.1.0"

@@ -450,6 +450,10 @@ def _port_class(client: Any) -> Any:
     if isinstance(client, aredis.RedisCluster):
         from ._asession_cluster import AsyncClusterPort
         return AsyncClusterPort
+    from ._quorum import Quorum
+    if isinstance(client, Quorum):
+        from ._asession_quorum import AsyncQuorumPort
+        return AsyncQuorumPort
     return AsyncPort
 
 

@@ -114,7 +114,7 @@ class DistBarrier(SessionUser):
         self._action = action
         self._timeout = check_barrier_timeout(timeout)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         self._client_arg = client
         self._client: Any = None
         self._keys = BarrierKeys.of(settings().prefix, self._name)

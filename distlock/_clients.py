@@ -32,7 +32,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["DEFAULT_IO_TIMEOUT", "renewer", "server_key", "session_client", "shareable"]
+__all__ = ["DEFAULT_IO_TIMEOUT", "renewer", "twinnable", "server_key", "session_client", "shareable"]
 
 #: The socket timeout of the session's own I/O when the user's client has none (seconds): the
 #: default of recent redis-py versions.
@@ -91,6 +91,12 @@ def _sentinel_twin(pool: Any, overrides: Dict[str, Any]) -> Any:
     return redis.Redis(connection_pool=SentinelConnectionPool(  # type: ignore[no-untyped-call]
         pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class,
         is_master=True, check_connection=pool.check_connection, **kwargs))
+
+
+def twinnable(client: Any) -> bool:
+    """True for a client built on redis-py's own pools and connection classes (``renewer``
+    can make a twin of it)."""
+    return _pool_of(client) is not None
 
 
 def renewer(client: Any, timeout: float) -> Optional[Any]:

@@ -93,7 +93,7 @@ class DistCondition(SessionUser):
         self._name = check_name(name)
         refuse_options(type(self).__name__, min_replicas, replica_timeout)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         if lock is None:
             lock = DistRLock(name, client=client)
         self._lock = lock

@@ -21,7 +21,7 @@ from ._replicas import DEFAULT_REPLICA_TIMEOUT, check_min_replicas, check_replic
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
-ClientArg = Union["redis.Redis", "redis.RedisCluster", str, None]
+ClientArg = Union["redis.Redis", "redis.RedisCluster", str, "List[Any]", "Tuple[Any, ...]", None]
 
 DEFAULT_URL = "redis://localhost:6379/0"
 
@@ -58,6 +58,9 @@ class Settings:
     metric_group: Optional[Callable[[str], str]] = field(default=None, compare=False)
     min_replicas: int = 0
     replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
+    #: Redlock (``client=[...]``): the clock drift allowed per hold, in seconds; None: 1% of
+    #: the lease plus 2 ms (see ``_quorum.drift``)
+    redlock_drift: Optional[float] = None
     #: ``fence_retention`` in ms, as the scripts take it (computed once, not per call)
     fence_retention_ms: int = field(init=False, repr=False, compare=False)
 
@@ -95,6 +98,7 @@ def configure(
     metric_group: Optional[Callable[[str], str]] = None,
     min_replicas: Optional[int] = None,
     replica_timeout: Optional[float] = None,
+    redlock_drift: Optional[float] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -130,6 +134,8 @@ def configure(
         changes["min_replicas"] = check_min_replicas(min_replicas)
     if replica_timeout is not None:
         changes["replica_timeout"] = check_replica_timeout(replica_timeout)
+    if redlock_drift is not None:
+        changes["redlock_drift"] = check_drift(redlock_drift)
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")
@@ -145,10 +151,22 @@ def configure(
     return new
 
 
+def check_drift(value: object) -> float:
+    """``configure(redlock_drift=)``: seconds, zero or more."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+        return 0.0
+    return check_seconds(value, "redlock_drift")
+
+
 def check_client(client: object, owner: str = "") -> None:
     """Raise TypeError unless ``client`` is a Redis client or a URL string, ValueError for a
     URL redis-py cannot parse. ``owner``: the class the client is for (its error names the
-    asyncio twin when given an asyncio client)."""
+    asyncio twin when given an asyncio client). A list (a Redlock quorum of independent
+    masters) only for DistLock and DistRLock: see ``_quorum.check_masters``."""
+    if isinstance(client, (list, tuple)):
+        from ._quorum import check_masters
+        check_masters(client, owner, _check_master, _master_address)
+        return
     if isinstance(client, str):
         check_url(client)
         return
@@ -177,6 +195,49 @@ def check_not_replica(client: object) -> None:
                         "give a master client, Sentinel(...).master_for(service)")
 
 
+def _check_master(client: object, i: int) -> None:
+    """One master of a Redlock list: a ``redis.Redis`` on redis-py's own pool, or a URL of
+    one server."""
+    if isinstance(client, str):
+        if cluster_url(client) is not None:
+            raise ValueError(f"client[{i}] must name one server, not a cluster: {client!r}")
+        check_url(client)
+        return
+    if is_async_client(client):
+        raise TypeError(f"client[{i}] is an asyncio client: give distlock.DistLock redis.Redis masters, "
+                        "or use distlock.asyncio.DistLock")
+    from ._clients import twinnable
+    if not isinstance(client, redis.Redis) or not twinnable(client):
+        raise TypeError(f"client[{i}] must be a redis.Redis or a URL string, not {type(client).__name__}")
+
+
+def _check_async_master(client: object, i: int) -> None:
+    """One master of a Redlock list of the asyncio shell: a ``redis.asyncio.Redis``, or a URL
+    of one server."""
+    if isinstance(client, str):
+        if cluster_url(client) is not None:
+            raise ValueError(f"client[{i}] must name one server, not a cluster: {client!r}")
+        check_url(client)
+        return
+    import redis.asyncio as aredis
+
+    if isinstance(client, redis.Redis):
+        raise TypeError(f"client[{i}] is a blocking client: give distlock.asyncio redis.asyncio.Redis "
+                        "masters, or use distlock.DistLock")
+    if not isinstance(client, aredis.Redis):
+        raise TypeError(f"client[{i}] must be a redis.asyncio.Redis or a URL string, "
+                        f"not {type(client).__name__}")
+
+
+def _master_address(client: object) -> Any:
+    """Which server a Redlock master names, to refuse the same one twice (two databases of
+    one server fail together: they are not independent masters)."""
+    if isinstance(client, str):
+        client = _client_for_url(client)
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
 def is_async_client(client: object) -> bool:
     """True for a client of ``redis.asyncio`` (looked up only if that module was imported:
     nobody can hold one otherwise)."""
@@ -196,6 +257,10 @@ def check_async_client(client: object, owner: str) -> None:
         return
     import redis.asyncio as aredis
 
+    if isinstance(client, (list, tuple)):
+        from ._quorum import check_masters
+        check_masters(client, owner, _check_async_master, _master_address)
+        return
     if isinstance(client, (aredis.Redis, aredis.RedisCluster)):
         check_not_replica(client)
         return
@@ -384,6 +449,9 @@ def resolve_client(client: ClientArg) -> redis.Redis:
         return resolved
     if isinstance(client, str):
         return _client_for_url(client)  # type: ignore[no-any-return]
+    if isinstance(client, (list, tuple)):
+        from ._quorum import made
+        return made([resolve_client(c) for c in client])  # type: ignore[return-value]
     return client  # type: ignore[return-value]
 
 
@@ -409,6 +477,9 @@ def resolve_async_client(client: Any) -> Any:
                 "blocking classes: give distlock.asyncio a client (client=redis.asyncio.Redis(...)), "
                 "or call configure() with a redis.asyncio.Redis or a URL")
         client = chosen
+    if isinstance(client, (list, tuple)):
+        from ._quorum import made as quorum_of
+        return quorum_of([resolve_async_client(c) for c in client])
     if not isinstance(client, str):
         return client
     loop = asyncio.get_running_loop()

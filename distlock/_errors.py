@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-__all__ = ["DistLockError", "LockNotOwnedError", "LockLostError", "NotEnoughReplicasError"]
+__all__ = ["DistLockError", "LockNotOwnedError", "LockLostError", "NotEnoughReplicasError", "QuorumError"]
 
 
 class DistLockError(Exception):
@@ -74,3 +74,28 @@ class NotEnoughReplicasError(DistLockError):
 def _rebuild_replicas(cls: Any, message: str, acknowledged: int, required: int) -> Any:
     """Unpickle a NotEnoughReplicasError with its keyword-only data."""
     return cls(message, acknowledged=acknowledged, required=required)
+
+
+class QuorumError(DistLockError):
+    """Too few masters of a Redlock quorum (``client=[...]``) answered for a grant to count.
+
+    ``answered`` is how many masters answered (and could vote) in the last try, ``required``
+    how many a grant needs (N//2+1). Raised by ``acquire()`` once its timeout is over (at once
+    for a non-blocking one), never turned into False; the tries it made were undone.
+    """
+
+    def __init__(self, message: str = "", *, answered: int = 0, required: int = 0) -> None:
+        super().__init__(message)
+        self.answered = answered
+        self.required = required
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_rebuild_quorum, (type(self), str(self), self.answered, self.required))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r}, answered={self.answered!r}, required={self.required!r})"
+
+
+def _rebuild_quorum(cls: Any, message: str, answered: int, required: int) -> Any:
+    """Unpickle a QuorumError with its keyword-only data."""
+    return cls(message, answered=answered, required=required)

@@ -57,7 +57,7 @@ class DistEvent(SessionUser):
         self._name = check_name(name)
         refuse_options(type(self).__name__, min_replicas, replica_timeout)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         self._client_arg = client
         self._client: Any = None
         self._keys = EventKeys.of(settings().prefix, self._name)

@@ -30,7 +30,9 @@ take another pooled connection, whose WAIT would say nothing of this script's wr
 This is the standalone executor, and ``executor_for`` is the one place that picks an executor
 for a client, behind the same methods: a ``redis.RedisCluster`` gets the Cluster executor
 (``_executor_cluster``: routed by the keys' slot, MOVED, ASK and TRYAGAIN followed, one batch
-pipeline per node, one dispatcher per node), every other client this one. A topology's executor
+pipeline per node, one dispatcher per node), a list of independent masters (a ``_quorum.Quorum``)
+the Redlock executor (``_executor_quorum``: every script to every master at once, the replies
+folded into one), every other client this one. A topology's executor
 overrides ``_send`` (how one script goes out) and ``dispatcher`` (how waiters wait).
 """
 
@@ -66,8 +68,11 @@ def executor_for(client: Any, real: Any = None) -> Executor:
     Sentinel client: its pool follows the master) is a standalone one. Topologies are told
     apart here, and nowhere else."""
     from ._executor_cluster import ClusterExecutor, is_cluster
+    from ._executor_quorum import QuorumExecutor, is_quorum
     if is_cluster(client if real is None else real):
         return ClusterExecutor(client, real)
+    if is_quorum(client if real is None else real):
+        return QuorumExecutor(client, real)
     return Executor(client, real)
 
 
@@ -192,6 +197,14 @@ class Executor:
             if current is not None and current[1] is not self.client:
                 disconnect_quietly(current[1])
         return Batch(self.scripts, self._renewer[1])
+
+    def margin(self, lease_ms: int) -> float:
+        """How much sooner than ``lease_ms`` after it was sent a grant or renewal must be taken
+        as ended (seconds): 0 here; a Redlock quorum's clock drift (``_executor_quorum``)."""
+        return 0.0
+
+    def close(self) -> None:
+        """The session is retired: close what the executor opened itself (nothing here)."""
 
     def drop_renewal(self) -> None:
         """Close the watchdog's own connection (it is made again when needed)."""

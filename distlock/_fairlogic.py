@@ -13,7 +13,8 @@ from typing import Any, Optional, Tuple
 
 from ._logic import Keys
 
-__all__ = ["FairKeys", "check_fair", "new_nonce", "handoff", "HANDOFF", "entry_lease_ms"]
+__all__ = ["FairKeys", "check_fair", "refuse_fair_quorum", "new_nonce", "handoff", "HANDOFF",
+           "entry_lease_ms"]
 
 #: the first character of a hand-off message: ``+<nonce> <token> <lease ms>``
 HANDOFF = "+"
@@ -42,6 +43,15 @@ def check_fair(fair: object) -> bool:
     if not isinstance(fair, bool):
         raise TypeError(f"fair must be a bool, not {type(fair).__name__}")
     return fair
+
+
+def refuse_fair_quorum(client: object, fair: object) -> None:
+    """TypeError for ``fair=True`` with a Redlock quorum (a list of independent masters): each
+    master would keep a line of its own, and a hand-off by one master is no grant of the
+    quorum's."""
+    if fair is True and isinstance(client, (list, tuple)):
+        raise TypeError("fair does not apply to a Redlock quorum (a list of masters): "
+                        "use one or the other")
 
 
 def new_nonce(session_id: str) -> str:

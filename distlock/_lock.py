@@ -23,10 +23,10 @@ import redis
 
 from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, waiting_flow
-from ._errors import LockLostError, LockNotOwnedError
+from ._errors import LockLostError, LockNotOwnedError, QuorumError
 from ._executor import Batch
 from ._fair import FairWaiting, end_whole_fair, fair_release, first_try
-from ._fairlogic import FairKeys, check_fair
+from ._fairlogic import FairKeys, check_fair, refuse_fair_quorum
 from ._flow import READ, RUN, Flow, drive
 from ._logic import (
     Keys,
@@ -38,7 +38,7 @@ from ._logic import (
     lock_repr,
     registry_lease_ms,
 )
-from ._outcomes import LOST, Granted, Outcome
+from ._outcomes import LOST, Busy, Granted, Outcome
 from ._outcomes import lock_acquire as decode_acquire
 from ._outcomes import lock_reenter as decode_reenter
 from ._outcomes import lock_release as decode_release
@@ -57,6 +57,10 @@ _UNSET: Any = object()
 #: no caller to wait for replicas: the two options do not combine (yet)
 FAIR_REPLICAS = "min_replicas does not apply to a fair lock: use one or the other"
 T = TypeVar("T")
+
+#: How long (ms) a blocking acquire on a Redlock quorum that could not be reached waits before
+#: it tries again (DistLock(name, client=[...]); see ``_executor_quorum``).
+QUORUM_RETRY_MS = 100
 
 
 class _LockBase(SessionUser):
@@ -82,6 +86,7 @@ class _LockBase(SessionUser):
         self._client_arg = client
         self._lease = check_lease(lease)
         self._fair = check_fair(fair)
+        refuse_fair_quorum(client, fair)
         if fair and self._min_replicas:
             raise TypeError(FAIR_REPLICAS)
         self._keys = Keys(settings().prefix, self._name)
@@ -146,7 +151,9 @@ class _LockBase(SessionUser):
 
         Tokens of one name strictly increase with every grant (re-entries keep theirs), also
         across a restart of a Redis that kept nothing. Pass it to the resource you write, and
-        let the resource refuse any token lower than one it has seen.
+        let the resource refuse any token lower than one it has seen. On a Redlock quorum
+        (``client=[...]``) it is the largest of the quorum's tokens, and independent masters'
+        tokens do not compose: it is not promised to increase (docs/guides/redlock.rst).
         """
         hold = self._current(self._session())
         return hold.token if hold is not None and not hold.lost else None
@@ -174,7 +181,12 @@ class _LockBase(SessionUser):
     # --- the shared machinery ---------------------------------------------------------------
 
     def _acks(self) -> Acks:
-        """What a grant waits for (``min_replicas``, ``replica_timeout``): None when nothing."""
+        """What a grant waits for (``min_replicas``, ``replica_timeout``): None when nothing,
+        and always for a Redlock quorum, whose masters have no replicas to wait for: there a
+        ``configure(min_replicas=...)`` default does not apply (given to the constructor, the
+        option is a TypeError: ``refuse_quorum``)."""
+        if isinstance(self._client_arg, (list, tuple)):
+            return None
         return acks_for(self._min_replicas, self._replica_timeout, settings())
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
@@ -197,8 +209,8 @@ class _LockBase(SessionUser):
             if acks is None:
                 return int((yield (RUN, "lock_acquire", keys, args)))
             reply, acked = yield (RUN, "lock_acquire", keys, args, acks)
-        except redis.ResponseError:
-            raise  # the script did not run, or failed: nothing was granted
+        except (redis.ResponseError, QuorumError):
+            raise  # the script did not run, or failed, or (Redlock) was undone: nothing was granted
         except BaseException:
             if fresh:
                 yield from self._undo_lost_grant(owner)
@@ -257,8 +269,15 @@ class _LockBase(SessionUser):
             return True
 
         owner = self._owner_for(session)
+        short: Optional[QuorumError] = None
         try:
             reply = yield from self._first_try(session, owner, ms, count, blocking and timeout != 0)
+        except QuorumError as exc:
+            # a Redlock quorum not reached: a blocking acquire tries again while it may wait
+            if not blocking or timeout == 0:
+                meter.acquired("error", time.monotonic() - sent_at)
+                raise
+            reply, short = -(QUORUM_RETRY_MS + 1), exc
         except BaseException:
             meter.acquired("error", time.monotonic() - sent_at)
             raise
@@ -271,6 +290,9 @@ class _LockBase(SessionUser):
             return False
         waiting = self._waiting(session, owner, ms, count, watchdog)
         waiting.meter, waiting.started = meter, sent_at
+        if short is not None and isinstance(waiting, _LockWaiting):
+            waiting.short = short
+            waiting.short_until = sent_at + ms / 1000.0
         return bool((yield from waiting_flow(waiting, timeout, start=WAIT)))
 
     def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> Flow[int]:
@@ -315,6 +337,7 @@ class _LockBase(SessionUser):
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renew_fn, end=self._end_fn,
                     notify=_notify_lost, meter=self._meter, grant=True, acks=self._acks())
+        hold.expires_at -= session.executor.margin(ms)  # a Redlock hold: its clock drift
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
@@ -407,6 +430,11 @@ class _LockWaiting(Waiting):
 
     answers_hints = True
     _modes = {WAIT: "w", LAST: "w", HINTED: "p"}
+    #: a Redlock quorum not reached by the last try (raised when the wait ends), and until
+    #: when the wait retries it: its timeout, and at most one lease (a master restarted empty
+    #: sits out that long)
+    short: Optional[QuorumError] = None
+    short_until = 0.0
 
     def __init__(self, lock: _LockBase, session: Session, owner: str, ms: int, count: int,
                  watchdog: bool) -> None:
@@ -423,7 +451,16 @@ class _LockWaiting(Waiting):
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         sent_at = time.monotonic()
-        reply = yield from lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter)
+        try:
+            reply = yield from lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter)
+        except QuorumError as exc:
+            if self.short is None:
+                self.short_until = sent_at + ms / 1000.0
+            if mode == LAST or sent_at >= self.short_until:
+                raise
+            self.short = exc
+            return Busy(QUORUM_RETRY_MS / 1000.0)
+        self.short = None
         if reply == 0:
             # The lock is free, but fair waiters queue for it: this wait goes on in their
             # queue, at its back, as a fair wait (docs/guides/locks.rst, "Mixed modes").
@@ -445,6 +482,11 @@ class _LockWaiting(Waiting):
 
     def unregister(self) -> Flow[None]:
         return (yield from self._lock._unregister(self.channel))
+
+    def timed_out(self) -> Any:
+        if self.short is not None:
+            raise self.short  # never False for a quorum that could not be reached
+        return False
 
 
 def _finish_release(lock: _LockBase, session: Session, hold: Hold, count: int, depth: int) -> None:

@@ -127,7 +127,7 @@ class DistSemaphore(SessionUser):
         self._initial = check_sem_value(value)
         self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
         if client is not None:
-            check_client(client)
+            check_client(client, type(self).__name__)
         self._client_arg = client
         self._client: Any = None
         self._lease = check_lease(lease)

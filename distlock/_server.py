@@ -15,7 +15,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from typing import List, Optional
 
@@ -44,13 +46,16 @@ class RedisServer:
     """One redis-server process; a context manager."""
 
     def __init__(self, port: Optional[int] = None, extra_args: Optional[List[str]] = None,
-                 binary: Optional[str] = None) -> None:
+                 binary: Optional[str] = None, die_with_parent: bool = False) -> None:
+        """``die_with_parent``: on Linux, started from the main thread, the server runs under
+        ``setpriv --pdeathsig KILL`` and dies with this process, however that ends."""
         found = binary or redis_server_binary()
         if found is None:
             raise FileNotFoundError("redis-server is not on PATH")
         self.binary = found
         self.port = port or free_port()
         self.extra_args = list(extra_args or [])
+        self.die_with_parent = die_with_parent
         self.dir = tempfile.mkdtemp(prefix="distlock-redis-")
         self.proc: Optional[subprocess.Popen[bytes]] = None
         try:
@@ -71,6 +76,10 @@ class RedisServer:
             "--logfile", os.path.join(self.dir, "redis.log"),
             *self.extra_args,
         ]
+        linux = sys.platform.startswith("linux")
+        setpriv = shutil.which("setpriv") if linux and self.die_with_parent else None
+        if setpriv and threading.current_thread() is threading.main_thread():
+            args = [setpriv, "--pdeathsig", "KILL", "--", *args]
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout

@@ -220,6 +220,7 @@ class Session:
         self.closed = True
         self.watchdog.close(join)
         self.dispatcher.close(join)
+        self.executor.close()
         if self.owns:
             try:
                 self.client.connection_pool.disconnect(inuse_connections=self.owns == "pool")

@@ -280,7 +280,8 @@ class Watchdog:
         sent_at = time.monotonic()
         failed = False
         try:
-            batch = self._executor().renewal_batch()
+            executor = self._executor()
+            batch = executor.renewal_batch()
             # Holds made with min_replicas: one WAIT ends the round trip, on its connection
             wait = batch_wait((hold.acks for hold in holds), settings().renew_interval)
             if wait is not None:
@@ -326,7 +327,7 @@ class Watchdog:
             elif outcome is RENEWED:
                 counts[0] += 1
                 hold.lease_ms = lease_ms
-                hold.expires_at = sent_at + lease_ms / 1000.0
+                hold.expires_at = sent_at + lease_ms / 1000.0 - executor.margin(lease_ms)
             elif outcome is ENDED:
                 self.drop(hold)  # ended without a loss (a permit released on our behalf)
             else:

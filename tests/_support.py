@@ -93,6 +93,8 @@ def kill(proc: subprocess.Popen[str]) -> None:
 #: A contract suite's type id with this suffix runs on the session's Redis Cluster
 #: (tests/_cluster.py) instead of the single test server: ``"DistLock@cluster"``.
 ON_CLUSTER = "@cluster"
+#: the suffix of a lock type on a Redlock quorum of five masters (tests/_redlock.py)
+ON_REDLOCK = "@redlock"
 
 
 #: ... and with this one through a Sentinel master client of the session's Sentinel set
@@ -102,7 +104,7 @@ ON_SENTINEL = "@sentinel"
 
 def base_type(type_id: str) -> str:
     """``type_id`` without its topology suffix."""
-    for suffix in (ON_CLUSTER, ON_SENTINEL):
+    for suffix in (ON_CLUSTER, ON_SENTINEL, ON_REDLOCK):
         if type_id.endswith(suffix):
             return type_id[: -len(suffix)]
     return type_id
@@ -110,9 +112,11 @@ def base_type(type_id: str) -> str:
 
 def client_for(type_id: str, request: Any) -> Any:
     """The blocking client a contract test of ``type_id`` talks through (a fixture's: cleaned
-    up after the test)."""
+    up after the test); for ``@redlock``, a list of five masters' clients."""
     if type_id.endswith(ON_SENTINEL):
         return request.getfixturevalue("sentinel_client")
+    if type_id.endswith(ON_REDLOCK):
+        return request.getfixturevalue("redlock_clients")
     return request.getfixturevalue("cluster_client" if type_id.endswith(ON_CLUSTER) else "client")
 
 

@@ -5,21 +5,28 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import distlock
 from distlock._config import client_from_url
 
 
-def make_lock(kind: str, name: str, url: str, lease: Optional[float] = None) -> Any:
+def make_lock(kind: str, name: str, url: Any, lease: Optional[float] = None) -> Any:
+    """The lock on the server at ``url``, or on a Redlock quorum of the servers of a list."""
     cls = {"DistLock": distlock.DistLock, "DistRLock": distlock.DistRLock}[kind]
-    return cls(name, client=client_from_url(url), lease=lease)
+    client = [client_from_url(u) for u in url] if isinstance(url, list) else client_from_url(url)
+    return cls(name, client=client, lease=lease)
 
 
-def count_under_lock(url: str, kind: str, name: str, counter: str, n: int, reenter: bool) -> int:
-    """Read-modify-write ``counter`` n times under the lock; return how many it did."""
+def count_under_lock(url: Any, kind: str, name: str, counter: str, n: int, reenter: bool,
+                     settings: Optional[Dict[str, Any]] = None) -> int:
+    """Read-modify-write ``counter`` n times under the lock; return how many it did. ``url``:
+    a server's, or a list of a Redlock quorum's (the counter is then on the first);
+    ``settings``: for ``distlock.configure`` first."""
+    if settings:
+        distlock.configure(**settings)
     lock = make_lock(kind, name, url)
-    client = client_from_url(url)
+    client = client_from_url(url[0] if isinstance(url, list) else url)
     for _ in range(n):
         with lock:
             if reenter:

@@ -357,3 +357,58 @@ def sentinel_url(sentinel_set: Any, sentinel_client: Any) -> str:
     """The session's Sentinel set as a ``redis+sentinel://`` URL (cleaned up as
     ``sentinel_client``)."""
     return str(sentinel_set.url)
+
+
+# --- five independent masters, for Redlock (tests/_redlock.py) --------------------------------
+
+@pytest.fixture(scope="session")
+def redlock_masters() -> Iterator[Any]:
+    """Five independent redis-server processes (tests/_redlock.py), started the first time a
+    test asks for them and shared by the rest of the session. Skipped with a reason where there
+    is no server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
+    from _redlock import Masters
+
+    if redis_server_binary() is None:
+        if REQUIRE_REAL:
+            pytest.fail("DISTLOCK_REQUIRE_REDIS=1 but there is no redis-server on PATH for Redlock")
+        pytest.skip("needs redis-server on PATH for five Redlock masters")
+    made = Masters.start()
+    try:
+        yield made
+    finally:
+        try:
+            reset_sessions()
+        finally:
+            made.close()
+
+
+@pytest.fixture
+def redlock(redlock_masters: Any) -> Iterator[Any]:
+    """The five masters, each up for one test lease at least, with the watchdog on the
+    Redlock tests' short lease (``_redlock.LEASE``); after the test, its distlock sessions are
+    stopped, and every master is resumed, restarted if killed, and flushed (``Masters.heal``)."""
+    from _redlock import LEASE, RENEW
+
+    before = set(threading.enumerate())
+    redlock_masters.heal()
+    distlock.configure(lease=LEASE, renew_interval=RENEW)
+    try:
+        yield redlock_masters
+    finally:
+        reset_sessions()
+        try:
+            redlock_masters.heal(settle=0)
+        finally:
+            _config.reset_settings()
+        _wait_threads_gone(before)
+
+
+@pytest.fixture
+def redlock_clients(redlock: Any) -> Iterator[list]:
+    """A ``redis.Redis`` per master of ``redlock`` (closed after the test)."""
+    made = redlock.clients(socket_timeout=5)
+    try:
+        yield made
+    finally:
+        for c in made:
+            c.close()

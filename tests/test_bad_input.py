@@ -267,7 +267,9 @@ BAD_URLS = ["", "http://127.0.0.1:1/0", "127.0.0.1:6379", "redis://127.0.0.1:not
 def test_client_argument(client: Any, kind: str, value: Any) -> None:
     exc = rejected_writes_nothing(client, lambda: BUILDERS[kind].make(fresh("client"), value))
     assert exc is not None
-    expected = ValueError if isinstance(value, str) else TypeError
+    # an empty list is the right type for DistLock and DistRLock (a Redlock quorum), but empty
+    empty_quorum = isinstance(value, (list, tuple)) and not value and kind in ("DistLock", "DistRLock")
+    expected = ValueError if isinstance(value, str) or empty_quorum else TypeError
     assert isinstance(exc, expected), (value, exc)
     assert str(exc)
 
@@ -474,7 +476,9 @@ def test_sync_names(client: Any, kind: str, name: Any) -> None:
 def test_sync_client_argument(client: Any, kind: str, value: Any) -> None:
     exc = rejected_writes_nothing(client, lambda: SYNC[kind](fresh("client"), value))
     assert exc is not None
-    expected = ValueError if isinstance(value, str) else TypeError
+    # an empty list is the right type for DistLock and DistRLock (a Redlock quorum), but empty
+    empty_quorum = isinstance(value, (list, tuple)) and not value and kind in ("DistLock", "DistRLock")
+    expected = ValueError if isinstance(value, str) or empty_quorum else TypeError
     assert isinstance(exc, expected), (value, exc)
     assert str(exc)
 

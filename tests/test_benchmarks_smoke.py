@@ -88,3 +88,21 @@ def test_bench_cluster_quick_prints_every_figure() -> None:
                    "hand-off median: single-server floor", "watchdog round trips per round",
                    "watchdog commands per round", "keys left after releasing everything"):
         assert figure in out, out
+
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+def test_bench_failover_quick_prints_every_figure() -> None:
+    if redis_server_binary() is None:
+        pytest.skip("the benchmark starts its own redis-servers, and there is none on PATH")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_failover.py"), "--quick",
+         "--rounds", "3", "--ops", "5"],
+        cwd=ROOT, capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for label in ("uncontended acquire+release", "DistLock, one server", "DistLock min_replicas=0",
+                  "DistLock min_replicas=2", "DistRLock min_replicas=1", "Redlock on 3 masters",
+                  "Redlock on 5 masters", "5 masters in turn", "round trips per acquire+release",
+                  "asyncio DistLock, Redlock on 5 masters"):
+        assert label in proc.stdout, proc.stdout

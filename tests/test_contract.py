@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import pytest
 import redis
 from _aio import SyncView
-from _support import base_type, client_for, distlock_keys, outcome, url_for
+from _support import ON_REDLOCK, base_type, client_for, distlock_keys, outcome, url_for
 
 import distlock.asyncio as aio
 from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
@@ -86,8 +86,11 @@ def _aio_locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
     thread is one task, so the contract holds as it does for threads wherever asyncio's
     semantics agree with threading's."""
     runner = request.getfixturevalue("aio")
-    url = url_for(type_id, request)
-    aclient = runner.client(url)
+    aclient: Any
+    if type_id.endswith(ON_REDLOCK):  # a list of asyncio clients, one per master
+        aclient = [runner.client(u) for u in request.getfixturevalue("redlock").urls]
+    else:
+        aclient = runner.client(url_for(type_id, request))
     fair = FAIR in type_id
     cls = {"aio.DistLock": aio.DistLock,
            "aio.DistRLock": aio.DistRLock}[base_type(type_id).replace(FAIR, "")]
@@ -471,7 +474,7 @@ class LockContract(BaseLockContract):
 
     __test__ = True
     locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster",
-                 "DistLock@sentinel", "aio.DistLock@sentinel",
+                 "DistLock@sentinel", "aio.DistLock@sentinel", "DistLock@redlock", "aio.DistLock@redlock",
                  "DistLock+fair", "aio.DistLock+fair", "DistLock+fair@sentinel")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
@@ -518,8 +521,8 @@ class RLockContract(BaseLockContract):
 
     __test__ = True
     locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock", "DistRLock@cluster",
-                 "aio.DistRLock@cluster", "DistRLock@sentinel", "aio.DistRLock@sentinel",
-                 "DistRLock+fair", "aio.DistRLock+fair", "DistRLock+fair@cluster")
+                 "aio.DistRLock@cluster", "DistRLock@sentinel", "aio.DistRLock@sentinel", "DistRLock@redlock",
+                 "aio.DistRLock@redlock", "DistRLock+fair", "aio.DistRLock+fair", "DistRLock+fair@cluster")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()

@@ -78,3 +78,21 @@ def test_fair_locks_take_no_min_replicas() -> None:
         with pytest.raises(TypeError, match="^min_replicas does not apply to a fair lock"):
             cls("x", fair=True, min_replicas=1)
         cls("x", fair=True, min_replicas=0)  # nothing to wait for: fine
+
+
+def test_fair_locks_are_no_redlock_quorum() -> None:
+    import redis
+
+    import distlock
+    import distlock.asyncio as adistlock
+
+    masters = [redis.Redis(port=1), redis.Redis(port=2), redis.Redis(port=3)]
+    for cls in (distlock.DistLock, distlock.DistRLock):
+        with pytest.raises(TypeError, match="^fair does not apply to a Redlock quorum"):
+            cls("x", client=masters, fair=True)
+    import redis.asyncio as aredis
+
+    amasters = [aredis.Redis(port=1), aredis.Redis(port=2), aredis.Redis(port=3)]
+    for acls in (adistlock.DistLock, adistlock.DistRLock):
+        with pytest.raises(TypeError, match="^fair does not apply to a Redlock quorum"):
+            acls("x", client=amasters, fair=True)

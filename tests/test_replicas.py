@@ -212,6 +212,29 @@ def test_a_redlock_list_with_min_replicas_is_refused(cls: type) -> None:
         cls("quorum", client=masters, min_replicas=1)
 
 
+@pytest.mark.parametrize("cls", [adistlock.DistLock, adistlock.DistRLock])
+def test_an_asyncio_redlock_list_with_min_replicas_is_refused(cls: type) -> None:
+    """The asyncio shell's locks check it too, before the list's own checks."""
+    masters = [aredis.Redis(port=1), aredis.Redis(port=2), aredis.Redis(port=3)]
+    with pytest.raises(TypeError, match="min_replicas does not apply to a Redlock quorum"):
+        cls("quorum", client=masters, min_replicas=1)
+
+
+@pytest.mark.parametrize("cls", [distlock.DistLock, distlock.DistRLock])
+def test_a_configured_min_replicas_does_not_reach_a_redlock_lock(cls: type) -> None:
+    """``configure(min_replicas=k)`` is a default for the locks it can apply to: a Redlock
+    lock asks no master for a WAIT (its quorum is its answer to a master's loss), while a
+    lock on one server does."""
+    masters = [redis.Redis(port=1), redis.Redis(port=2), redis.Redis(port=3)]
+    distlock.configure(min_replicas=2)
+    try:
+        assert cls("quorum", client=masters)._acks() is None
+        assert cls("single", client=redis.Redis(port=1))._acks() == (2, 500)
+    finally:
+        from distlock._config import reset_settings
+        reset_settings()
+
+
 # --- grants ----------------------------------------------------------------------------------
 
 @pytest.mark.real_redis
@@ -674,24 +697,3 @@ def test_an_acknowledged_grant_survives_the_promotion(replication: Any) -> None:
         assert int(promoted.hget("distlock:{kept}", ":t")) == token
     finally:
         promoted.close()
-
-
-# --- the benchmark runs -----------------------------------------------------------------------
-
-@pytest.mark.real_redis
-@pytest.mark.slow
-def test_bench_replicas_quick_prints_every_candidate() -> None:
-    """benchmarks/bench_replicas.py starts its own master and replicas and prints its table
-    (only that it runs is checked: performance is measured, never asserted)."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_replicas.py"),
-                           "--quick", "--rounds", "2", "--ops", "5"],
-                          cwd=root, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    for label in ("floor", "DistLock min_replicas=0", "DistLock min_replicas=2",
-                  "DistRLock min_replicas=1"):
-        assert label in proc.stdout, proc.stdout

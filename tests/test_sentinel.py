@@ -29,7 +29,13 @@ import distlock
 import distlock.asyncio as aio
 from distlock import DistLock, DistSemaphore
 from distlock._clients import renewer, shareable
-from distlock._config import async_client_from_url, check_url, client_from_url, sentinel_url
+from distlock._config import (
+    async_client_from_url,
+    check_url,
+    client_from_url,
+    resolve_async_client,
+    sentinel_url,
+)
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 30.0
@@ -173,6 +179,18 @@ def test_every_primitive_works_through_a_sentinel_client(sentinel_client: Any) -
     assert sorted(results) == [0, 1]
 
 
+async def _aclose(aclient: Any) -> None:
+    """Close an asyncio Sentinel master client and its Sentinel, once distlock's reader task
+    has ended (as tests/_aio.py's run_in_loop does: a client closed under a live reader task
+    once left asyncio.run's shutdown spinning)."""
+    for _ in range(250):
+        if len(asyncio.all_tasks()) <= 1:
+            break
+        await asyncio.sleep(0.02)
+    await aclient.aclose()
+    await aclient.connection_pool.sentinel_manager.aclose()
+
+
 def test_a_sentinel_url_serves_both_shells(sentinel_set: SentinelSet, sentinel_url: str) -> None:
     """The same lock through a redis+sentinel:// URL in both shells: they exclude each other."""
     name = _name("url")
@@ -185,12 +203,17 @@ def test_a_sentinel_url_serves_both_shells(sentinel_set: SentinelSet, sentinel_u
         lock.release()
         second = await alock.acquire(timeout=BOUND)
         await alock.release()
+        await _aclose(resolve_async_client(sentinel_url))  # the URL's client in this loop
         return first, second
 
     assert asyncio.run(body()) == (False, True)
     distlock.configure(sentinel_url)
-    with DistLock(name):
-        assert DistLock(name, client=sentinel_set.client()).locked()
+    other = sentinel_set.client()
+    try:
+        with DistLock(name):
+            assert DistLock(name, client=other).locked()
+    finally:
+        other.close()
 
 
 def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
@@ -216,8 +239,7 @@ def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
             assert isinstance(twin.connection_pool, redis.sentinel.SentinelConnectionPool)
             assert twin.connection_pool.service_name == aclient.connection_pool.service_name
         finally:
-            await aclient.aclose()
-            await aclient.connection_pool.sentinel_manager.aclose()
+            await _aclose(aclient)
 
     asyncio.run(body())
 
@@ -539,8 +561,7 @@ def test_asyncio_holds_follow_the_master(sentinel_set: SentinelSet, sentinel_cli
             assert await lock.acquire(timeout=BOUND)
             await lock.release()
         finally:
-            await aclient.aclose()
-            await aclient.connection_pool.sentinel_manager.aclose()
+            await _aclose(aclient)
 
     asyncio.run(body())
 
@@ -627,8 +648,7 @@ def test_a_script_that_meets_readonly_goes_once_more_to_the_master_the_sentinels
                 assert master.exists(_lock_key(name))
                 await alock.release()
             finally:
-                await aclient.aclose()
-                await amanager.aclose()
+                await _aclose(aclient)
 
         asyncio.run(body())
     finally:
