@@ -62,6 +62,16 @@ def make_distrlock(client: Any, name: str) -> C.LockHandle:
     return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
 
 
+def make_distlock_fair(client: Any, name: str) -> C.LockHandle:
+    lock = DistLock(name, client=client, fair=True)
+    return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
+
+
+def make_distrlock_fair(client: Any, name: str) -> C.LockHandle:
+    lock = DistRLock(name, client=client, fair=True)
+    return C.LockHandle(lambda t: lock.acquire(timeout=t), lock.release, lock.acquire, lock)
+
+
 def make_redis_py(client: Any, name: str) -> C.LockHandle:
     lock = client.lock(name)  # its defaults: no expiry, polls every 0.1 s
     return C.LockHandle(lambda t: lock.acquire(blocking_timeout=t), lock.release, lock.acquire, lock)
@@ -89,6 +99,9 @@ class Impl:
 IMPLS = [
     Impl("distlock", "DistLock", make_distlock),
     Impl("distrlock", "DistRLock", make_distrlock),
+    # fair=True: candidates the handoff and contended figures measure beside the default locks
+    Impl("distlock_fair", "DistLock fair", make_distlock_fair),
+    Impl("distrlock_fair", "DistRLock fair", make_distrlock_fair),
     Impl("redis_py", "redis-py Lock", make_redis_py),
     Impl("python_redis_lock", "python-redis-lock", make_python_redis_lock, redis_lock is not None),
     Impl("pottery", "pottery Redlock", make_pottery, pottery is not None),
@@ -189,7 +202,7 @@ def handoff(ctx: Ctx) -> List[C.Row]:
     k = ctx.knobs
     rows: List[C.Row] = []
     medians: Dict[str, float] = {}
-    for impl in impls("distlock", "redis_py", "python_redis_lock", "pottery"):
+    for impl in impls("distlock", "distlock_fair", "redis_py", "python_redis_lock", "pottery"):
         slow = impl.key in ("redis_py", "pottery")
         samples = k.handoff_slow_samples if slow else k.handoff_samples
         cap = k.handoff_slow_max_s if slow else k.handoff_max_s
@@ -218,7 +231,8 @@ def handoff(ctx: Ctx) -> List[C.Row]:
 
 def contended(ctx: Ctx) -> List[C.Row]:
     k = ctx.knobs
-    chosen = impls("distlock", "distrlock", "redis_py", "python_redis_lock", "pottery")
+    chosen = impls("distlock", "distrlock", "distlock_fair", "distrlock_fair", "redis_py",
+                   "python_redis_lock", "pottery")
     C.eprint(f"contended: {len(chosen)} candidates x {k.contended_rounds} rounds x "
              f"{k.contended_procs} processes x {k.contended_s:g} s, round-robin")
     results = C.contended_throughput(

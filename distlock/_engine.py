@@ -39,8 +39,12 @@ class Waiting:
     started: float = 0.0
     #: a hint is answered by a try that does not register (see ``_waitpolicy``, ``HINTED``)
     answers_hints = False
-    #: every waiter sleeps at most the bound, not only its process' first (see ``policy``)
+    #: every waiter sleeps at most the bound, not only its process' first (see ``policy``);
+    #: read at every sleep, so a wait may turn strict on the way (a lock joining a fair queue)
     strict = False
+    #: a hint that names the waiter hands it what it waited for (a fair lock's hand-off): it
+    #: leaves its process' queue as a waiter that got it, waking nobody else
+    named_grants = False
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         """One try in ``mode`` (see ``_waitpolicy``), a flow; its decoded outcome. A grant is
@@ -94,7 +98,8 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
         step: Any = next(steps)
         while True:
             if type(step) is Sleep:
-                hinted = yield (SLEEP, waiter, step.bound, step.limit)
+                hinted = yield (SLEEP, waiter, step.bound,
+                                step.bound if waiting.strict else step.limit)
                 sent: Any = (hinted, waiter.named)
             elif step.mode == FIRST:
                 sent = yield from waiting.attempt(FIRST, waiter)
@@ -119,6 +124,7 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
                 pass
         raise
     finally:
+        granted = granted or (outcome is NAMED and waiting.named_grants)
         if waiter is not None and (yield (LEAVE, waiter, granted)) and not granted:
             yield from waiting.unregister()
         _record(waiting.meter, span, outcome, started, hinted_grant)

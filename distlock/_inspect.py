@@ -256,6 +256,8 @@ def exclusive_state(name: str, key: str, key_type: Optional[Raw],
         (parse_owner(o, _int(c) or 0, host, pid) for o, c in plain), key=lambda o: o.owner))
     token = _int(meta.pop(":t", None))
     kind = guess_kind(owners, meta.pop(":k", None))
+    if meta.pop(":n", None) is not None:  # granted by a fair lock's script (the wait's nonce)
+        kind = f"{kind} (fair)"
     age = hold_age(meta.pop(":l", None), pttl)
     since = _int(meta.pop(":s", None))
     return LockState(

@@ -25,6 +25,8 @@ from ._config import ClientArg, check_client, settings
 from ._engine import Waiting, waiting_flow
 from ._errors import LockLostError, LockNotOwnedError, QuorumError
 from ._executor import Batch
+from ._fair import FairWaiting, end_whole_fair, fair_release, first_try
+from ._fairlogic import FairKeys, check_fair, refuse_fair_quorum
 from ._flow import READ, RUN, Flow, drive
 from ._logic import (
     Keys,
@@ -50,6 +52,10 @@ __all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "rele
 log = logging.getLogger("distlock")
 
 _UNSET: Any = object()
+
+#: a fair lock's grants are made by other processes' releases too (the hand-off), which have
+#: no caller to wait for replicas: the two options do not combine (yet)
+FAIR_REPLICAS = "min_replicas does not apply to a fair lock: use one or the other"
 T = TypeVar("T")
 
 #: How long (ms) a blocking acquire on a Redlock quorum that could not be reached waits before
@@ -70,7 +76,8 @@ class _LockBase(SessionUser):
     _repr_prefix = ""
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
-                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
+                 fair: bool = False) -> None:
         self._name = check_name(name)
         self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
         refuse_quorum(client, self._min_replicas)
@@ -78,7 +85,16 @@ class _LockBase(SessionUser):
             check_client(client, type(self).__name__)
         self._client_arg = client
         self._lease = check_lease(lease)
+        self._fair = check_fair(fair)
+        refuse_fair_quorum(client, fair)
+        if fair and self._min_replicas:
+            raise TypeError(FAIR_REPLICAS)
         self._keys = Keys(settings().prefix, self._name)
+        #: the fair queue's keys (``_fair``); a plain try reads its deadlines too, so that it
+        #: never jumps a fair queue
+        self._fair_keys = FairKeys(self._keys)
+        self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
+                              self._fair_keys.deadlines)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
         #: gives a whole hold back (at interpreter exit; see ``Session.release_all``): made
         #: once, not per grant
@@ -180,7 +196,7 @@ class _LockBase(SessionUser):
         lock made with ``min_replicas`` waits for the replicas' acknowledgement (a re-entry
         creates no grant: it does not); too few, and the grant is given back and
         NotEnoughReplicasError raised."""
-        keys = self._keys
+        keys = self._acquire_keys
         args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info)
         if waiter is not None:
             others = "1" if len(waiter.channel.waiters) > 1 else "0"
@@ -191,8 +207,8 @@ class _LockBase(SessionUser):
         acks = self._acks() if fresh else None
         try:
             if acks is None:
-                return int((yield (RUN, "lock_acquire", (keys.lock, keys.fence, keys.queue), args)))
-            reply, acked = yield (RUN, "lock_acquire", (keys.lock, keys.fence, keys.queue), args, acks)
+                return int((yield (RUN, "lock_acquire", keys, args)))
+            reply, acked = yield (RUN, "lock_acquire", keys, args, acks)
         except (redis.ResponseError, QuorumError):
             raise  # the script did not run, or failed, or (Redlock) was undone: nothing was granted
         except BaseException:
@@ -227,6 +243,8 @@ class _LockBase(SessionUser):
             pass
 
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
+        if self._fair:
+            return (yield from fair_release(self, hold, count))
         args: Tuple[Any, ...] = (hold.owner, hold.token)
         if count != 1:
             args += (count,)
@@ -280,12 +298,18 @@ class _LockBase(SessionUser):
     def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> Flow[int]:
         """The try before any waiting (the uncontended path): its raw reply, a token > 0 on a
         grant. ``waits``: a refusal will be followed by a wait."""
+        if self._fair:
+            if self._acks() is not None:
+                raise TypeError(FAIR_REPLICAS)
+            return (yield from first_try(self, session, owner, ms, count))
         return (yield from self._call_acquire(session, owner, ms, count, ""))
 
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
         """The wait after a refused first try. Each process waits on its own channel for this
         lock, registered (by its failed tries) with the lock, so that a release wakes one
-        waiting process, not every subscriber."""
+        waiting process, not every subscriber. A fair lock's waiters queue in order (``_fair``)."""
+        if self._fair:
+            return FairWaiting(self, session, owner, ms, count, watchdog)
         return _LockWaiting(self, session, owner, ms, count, watchdog)
 
     def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> Flow[bool]:
@@ -309,7 +333,7 @@ class _LockBase(SessionUser):
         return self._keys.lock
 
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
-               ms: int, sent_at: float) -> None:
+               ms: int, sent_at: float) -> Hold:
         hold = Hold(session, self._hold_key, owner, token=token, count=count, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renew_fn, end=self._end_fn,
                     notify=_notify_lost, meter=self._meter, grant=True, acks=self._acks())
@@ -317,6 +341,7 @@ class _LockBase(SessionUser):
         hold.listeners.add(self)
         self._remember(hold)
         session.add_hold(hold)
+        return hold
 
     def _release(self, hold: Hold, session: Session, count: int) -> Flow[int]:
         """Give back ``count`` (0: all) of ``hold``; return the count still held.
@@ -417,8 +442,12 @@ class _LockWaiting(Waiting):
         self._lock = lock
         self._session = session
         self._grant_args = (owner, ms, count, watchdog)
+        #: set once a try found fair waiters ahead: the wait goes on as theirs
+        self._fair: Optional[FairWaiting] = None
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
+        if self._fair is not None:
+            return (yield from self._fair.attempt(mode, waiter))
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         sent_at = time.monotonic()
@@ -432,10 +461,24 @@ class _LockWaiting(Waiting):
             self.short = exc
             return Busy(QUORUM_RETRY_MS / 1000.0)
         self.short = None
+        if reply == 0:
+            # The lock is free, but fair waiters queue for it: this wait goes on in their
+            # queue, at its back, as a fair wait (docs/guides/locks.rst, "Mixed modes").
+            fair = self._fair = FairWaiting(lock, session, owner, ms, count, watchdog)
+            self.ident = waiter.ident = fair.ident
+            self.strict = self.named_grants = True
+            return (yield from fair.attempt(mode, waiter))
         outcome = decode_acquire(reply)
         if type(outcome) is Granted:
             lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
         return outcome
+
+    def abandon(self) -> Flow[None]:
+        if self._fair is not None:
+            yield from self._fair.abandon()
+
+    def named(self) -> Any:
+        return self._fair.named() if self._fair is not None else True
 
     def unregister(self) -> Flow[None]:
         return (yield from self._lock._unregister(self.channel))
@@ -490,10 +533,12 @@ class DistLock(_LockBase):
 
     Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``),
     ``lease`` (None: a watchdog keeps the hold alive while the process lives; a number of
-    seconds: the hold expires by itself after that long), and ``min_replicas`` /
+    seconds: the hold expires by itself after that long), ``min_replicas`` /
     ``replica_timeout`` (a grant counts only once that many replicas acknowledged it within
     that many seconds, else acquire raises NotEnoughReplicasError; default: ``configure()``'s,
-    0 and 0.5 s; see docs/guides/replicas.rst).
+    0 and 0.5 s; see docs/guides/replicas.rst), and ``fair`` (True: first come, first served
+    across every host, and a release hands the lock straight to the first waiter; see
+    docs/guides/locks.rst, "Fair locks"). TypeError when ``fair`` is not a bool.
     """
 
     _metric_kind = "lock"
@@ -502,13 +547,15 @@ class DistLock(_LockBase):
     _unowned_message = "release unlocked lock"
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
-                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
+                 fair: bool = False) -> None:
         super().__init__(name, client=client, lease=lease, min_replicas=min_replicas,
-                         replica_timeout=replica_timeout)
+                         replica_timeout=replica_timeout, fair=fair)
         self._hold: Optional[Hold] = None
         self._mutex = threading.Lock()
         # refers to the keys, not to this object, so that an abandoned object can be collected
-        self._end_fn = functools.partial(_end_whole, self._keys)
+        self._end_fn = (functools.partial(end_whole_fair, self._fair_keys) if self._fair
+                        else functools.partial(_end_whole, self._keys))
 
     def __del__(self) -> None:
         # Garbage collected while it holds (as filelock does): nobody can release this hold
@@ -668,7 +715,8 @@ class DistRLock(_ThreadOwned):
     ``_recursion_count``, so ``threading.Condition(DistRLock(name))`` works.
 
     Keyword-only options: as DistLock's (``client``, ``lease``, ``min_replicas``,
-    ``replica_timeout``). A re-entry is no grant: it waits for no replica.
+    ``replica_timeout``, ``fair``). A re-entry is no grant: it waits for no replica; with
+    ``fair=True`` it never queues.
     """
 
     _metric_kind = "rlock"

@@ -22,6 +22,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Set
 import redis
 
 from ._config import settings
+from ._fairlogic import handoff
 
 __all__ = ["Board", "Dispatcher", "Waiter", "wake_count", "wake_idents", "UNSUBSCRIBE_AFTER"]
 
@@ -43,10 +44,11 @@ class Waiter:
 
     ``ident`` (optional) names this waiter to hints that wake chosen waiters only: a payload
     ``=id1,id2`` wakes exactly the local waiters of that channel whose ident is listed, and
-    sets their ``named`` (it stays set: the primitive that published it may treat it as news).
+    sets their ``named`` (it stays set: the primitive that published it may treat it as news);
+    ``+<ident> <payload>`` (a fair lock's hand-off) names exactly one and hands it ``payload``.
     """
 
-    __slots__ = ("event", "channel", "ident", "named", "hinted")
+    __slots__ = ("event", "channel", "ident", "named", "hinted", "payload")
 
     def __init__(self, channel: Channel, ident: Optional[str] = None,
                  event: Callable[[], Any] = threading.Event) -> None:
@@ -57,6 +59,9 @@ class Waiter:
         self.named = False
         #: a hint (or a hand-over) asked this waiter to try again; set only under the mutex
         self.hinted = False
+        #: what a hint that named this waiter alone carried (a fair lock's hand-off: the token
+        #: and lease of the hold it was given; see ``_fairlogic.handoff``)
+        self.payload: Optional[str] = None
 
 
 class Channel:
@@ -252,8 +257,16 @@ class Board:
                 data = message.get("data")
                 if isinstance(data, bytes):
                     data = data.decode("ascii", "replace")
-                idents = wake_idents(data)
-                if idents is not None:
+                handed = handoff(data)
+                idents = wake_idents(data) if handed is None else None
+                if handed is not None:
+                    for waiter in chan.waiters:  # only the wait of that nonce; late ones: none
+                        if waiter.ident == handed[0]:
+                            waiter.payload = handed[1]
+                            waiter.named = True
+                            waiter.hinted = True
+                            waiter.event.set()
+                elif idents is not None:
                     for waiter in chan.waiters:
                         if waiter.ident is not None and waiter.ident in idents:
                             waiter.named = True

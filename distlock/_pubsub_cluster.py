@@ -53,6 +53,19 @@ class Routed:
     def channel(self) -> Any:
         return self.inner.channel
 
+    @property
+    def payload(self) -> Optional[str]:
+        """What a hint that named this waiter alone carried (a fair lock's hand-off)."""
+        return self.inner.payload
+
+    @property
+    def ident(self) -> Optional[str]:
+        return self.inner.ident
+
+    @ident.setter
+    def ident(self, value: Optional[str]) -> None:  # a plain lock's wait joining a fair queue
+        self.inner.ident = value
+
 
 class Router:
     """Node dispatchers by node name, and the routing rules both shells share."""

@@ -72,6 +72,14 @@ def _make_rlock(name: str, client: Any, lease: Optional[float]) -> Any:
     return distlock.DistRLock(name, client=client, lease=lease)
 
 
+def _make_fair_lock(name: str, client: Any, lease: Optional[float]) -> Any:
+    return distlock.DistLock(name, client=client, lease=lease, fair=True)
+
+
+def _make_fair_rlock(name: str, client: Any, lease: Optional[float]) -> Any:
+    return distlock.DistRLock(name, client=client, lease=lease, fair=True)
+
+
 def _make_write_lock(name: str, client: Any, lease: Optional[float]) -> Any:
     return distlock.DistReadWriteLock(name, client=client, lease=lease).write_lock()  # type: ignore[attr-defined]
 
@@ -110,6 +118,8 @@ def _table() -> Dict[str, Primitive]:
     table = {
         "DistLock": Primitive("DistLock", _make_lock),
         "DistRLock": Primitive("DistRLock", _make_rlock, reentrant=True),
+        "DistLock.fair": Primitive("DistLock.fair", _make_fair_lock),
+        "DistRLock.fair": Primitive("DistRLock.fair", _make_fair_rlock, reentrant=True),
     }
     # Primitives that landed later join the same suite by one entry each.
     if hasattr(distlock, "DistReadWriteLock"):

@@ -1751,6 +1751,28 @@ async def _cut_lock_first_try(ac: Any, name: str, client: redis.Redis, cut: Any)
     await lock.release()
 
 
+async def _cut_fair_first_try(ac: Any, name: str, client: redis.Redis, cut: Any) -> None:
+    """A fair lock's first try granted it, and its reply was lost: ``fair_leave`` gives it
+    back (tests/test_fair.py has the rest of the fair lock)."""
+    lock = aio.DistLock(name, client=ac, fair=True)
+    await _cut_and_cancel(cut, asyncio.ensure_future(lock.acquire()))
+    assert keys(client, name) == _fence_only(name)
+    assert await lock.acquire(blocking=False) is True
+    await lock.release()
+
+
+async def _cut_fair_waiting_try(ac: Any, name: str, client: redis.Redis, cut: Any) -> None:
+    """A fair waiter's queueing try ran and its reply was lost: the wait leaves the line."""
+    holder = aio.DistLock(name, client=ac, fair=True)
+    await holder.acquire()  # the 1st fair_acquire; the waiter's first try is the 2nd
+    lock = aio.DistLock(name, client=ac, fair=True)
+    await _cut_and_cancel(cut, asyncio.ensure_future(lock.acquire()))
+    assert not client.exists(f"distlock:{{{name}}}:fq", f"distlock:{{{name}}}:fe")
+    await holder.release()
+    assert await lock.acquire(blocking=False) is True
+    await lock.release()
+
+
 CUT_CASES = [
     pytest.param("sem_acquire", 1, _cut_sem_first_try, id="semaphore-first-try"),
     pytest.param("sem_acquire", 3, _cut_sem_waiting_try, id="semaphore-waiting-try"),
@@ -1767,6 +1789,8 @@ CUT_CASES = [
     pytest.param("rw_write_acquire", 1, _cut_rw_writer_waits, id="rw-writer-first-try-queues"),
     pytest.param("rw_write_acquire", 2, _cut_rw_writer_waits, id="rw-writer-waiting-try"),
     pytest.param("lock_acquire", 1, _cut_lock_first_try, id="lock-first-try-control"),
+    pytest.param("fair_acquire", 1, _cut_fair_first_try, id="fair-lock-first-try"),
+    pytest.param("fair_acquire", 3, _cut_fair_waiting_try, id="fair-lock-waiting-try"),
 ]
 
 

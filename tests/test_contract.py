@@ -13,6 +13,7 @@ Timing is asserted only as generous lower bounds (a timed wait did wait) and loo
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -31,6 +32,9 @@ from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 20.0
+
+#: the suffix of a fair lock's type id (``DistLock+fair``)
+FAIR = "+fair"
 
 
 # --- lock types -----------------------------------------------------------------------------
@@ -64,14 +68,15 @@ def _locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
     if type_id.startswith("aio."):
         return _aio_locktype(type_id, request)
     client = client_for(type_id, request)
-    cls = {"DistLock": DistLock, "DistRLock": DistRLock}[base_type(type_id)]
+    fair = FAIR in type_id  # ``DistLock+fair``: the same contract, fair=True
+    cls = {"DistLock": DistLock, "DistRLock": DistRLock}[base_type(type_id).replace(FAIR, "")]
     return LockType(
         type_id,
         threading.Lock if cls is DistLock else threading.RLock,
         cls is DistRLock,
         True,
-        lambda: cls(_unique(type_id), client=client),
-        lambda lock: cls(lock.name, client=client),
+        lambda: cls(_unique(type_id), client=client, fair=fair),
+        lambda lock: cls(lock.name, client=client, fair=fair),
         client,
     )
 
@@ -86,14 +91,16 @@ def _aio_locktype(type_id: str, request: pytest.FixtureRequest) -> LockType:
         aclient = [runner.client(u) for u in request.getfixturevalue("redlock").urls]
     else:
         aclient = runner.client(url_for(type_id, request))
-    cls = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[base_type(type_id)]
+    fair = FAIR in type_id
+    cls = {"aio.DistLock": aio.DistLock,
+           "aio.DistRLock": aio.DistRLock}[base_type(type_id).replace(FAIR, "")]
     return LockType(
         type_id,
         threading.Lock if cls is aio.DistLock else threading.RLock,
         cls is aio.DistRLock,
         True,
-        lambda: SyncView(cls(_unique(type_id), client=aclient), runner),
-        lambda lock: SyncView(cls(lock.name, client=aclient), runner),
+        lambda: SyncView(cls(_unique(type_id), client=aclient, fair=fair), runner),
+        lambda lock: SyncView(cls(lock.name, client=aclient, fair=fair), runner),
         client_for(type_id, request),  # to look at the keys
     )
 
@@ -467,7 +474,8 @@ class LockContract(BaseLockContract):
 
     __test__ = True
     locktypes = ("threading.Lock", "DistLock", "aio.DistLock", "DistLock@cluster", "aio.DistLock@cluster",
-                 "DistLock@sentinel", "aio.DistLock@sentinel", "DistLock@redlock", "aio.DistLock@redlock")
+                 "DistLock@sentinel", "aio.DistLock@sentinel", "DistLock@redlock", "aio.DistLock@redlock",
+                 "DistLock+fair", "aio.DistLock+fair", "DistLock+fair@sentinel")
 
     def test_second_acquire_from_same_thread_blocks(self, locktype: LockType) -> None:
         lock = locktype()
@@ -514,7 +522,7 @@ class RLockContract(BaseLockContract):
     __test__ = True
     locktypes = ("threading.RLock", "DistRLock", "aio.DistRLock", "DistRLock@cluster",
                  "aio.DistRLock@cluster", "DistRLock@sentinel", "aio.DistRLock@sentinel", "DistRLock@redlock",
-                 "aio.DistRLock@redlock")
+                 "aio.DistRLock@redlock", "DistRLock+fair", "aio.DistRLock+fair", "DistRLock+fair@cluster")
 
     def test_reentrancy(self, locktype: LockType) -> None:
         lock = locktype()
@@ -673,7 +681,8 @@ class DistLockContract:
     __test__ = True
     locktypes = ("DistLock", "DistRLock", "aio.DistLock", "aio.DistRLock",
                  "DistLock@cluster", "DistRLock@cluster", "aio.DistLock@cluster", "aio.DistRLock@cluster",
-                 "DistLock@sentinel", "DistRLock@sentinel", "aio.DistLock@sentinel", "aio.DistRLock@sentinel")
+                 "DistLock@sentinel", "DistRLock@sentinel", "aio.DistLock@sentinel", "aio.DistRLock@sentinel",
+                 "DistLock+fair", "DistRLock+fair", "aio.DistLock+fair", "aio.DistRLock+fair")
 
     @pytest.fixture
     def locktype(self, type_id: str, request: pytest.FixtureRequest) -> LockType:
@@ -681,16 +690,21 @@ class DistLockContract:
 
     @pytest.fixture
     def cls(self, type_id: str, request: pytest.FixtureRequest) -> Any:
+        fair = FAIR in type_id
+        base = base_type(type_id).replace(FAIR, "")
         if not type_id.startswith("aio."):
-            return {"DistLock": DistLock, "DistRLock": DistRLock}[base_type(type_id)]
+            plain = {"DistLock": DistLock, "DistRLock": DistRLock}[base]
+            return functools.partial(plain, fair=True) if fair else plain
         runner = request.getfixturevalue("aio")
         aclient = runner.client(url_for(type_id, request))
-        real = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[base_type(type_id)]
+        real = {"aio.DistLock": aio.DistLock, "aio.DistRLock": aio.DistRLock}[base]
 
         def make(name: Any, *args: Any, client: Any = None, **kwargs: Any) -> Any:
             # the tests pass the blocking client of the test server: use its asyncio twin
             if isinstance(client, (redis.Redis, redis.RedisCluster)):
                 client = aclient
+            if fair:
+                kwargs.setdefault("fair", True)
             return SyncView(real(name, *args, client=client, **kwargs), runner)
         return make
 

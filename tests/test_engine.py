@@ -10,6 +10,7 @@ waiting, or waking this one, for nothing).
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
@@ -84,6 +85,7 @@ def _barrier(mine: redis.Redis, theirs: redis.Redis, name: str) -> Tuple[Any, An
 PRIMITIVES: Dict[str, Setup] = {
     "DistLock": _lock(DistLock),
     "DistRLock": _lock(DistRLock),
+    "DistLock.fair": _lock(functools.partial(DistLock, fair=True)),
     "DistReadLock": _rw("read"),
     "DistWriteLock": _rw("write"),
     "DistSemaphore": _semaphore,

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 from .._asession import AsyncPort, port_for
 from .._config import check_async_client, resolve_async_client
+from .._fairlogic import refuse_fair_quorum
 from .._flow import Flow, Query, Started, adrive, start
 from .._replicas import refuse_quorum
 from .._session import Session
@@ -44,6 +45,7 @@ class AsyncShell:
     def __init__(self, *args: Any, client: Any = None, **kwargs: Any) -> None:
         if client is not None:
             refuse_quorum(client, kwargs.get("min_replicas"))
+            refuse_fair_quorum(client, kwargs.get("fair"))
             check_async_client(client, type(self).__name__)
         super().__init__(*args, client=None, **kwargs)  # type: ignore[call-arg]
         self._client_arg = client

@@ -5,6 +5,8 @@
 --          ':s' -> since when a queued process has waited for this hold (server ms)
 -- KEYS[2]  fence: last token granted for this name
 -- KEYS[3]  registry of waiting processes: sorted set, wake-up channel -> entry deadline (ms)
+-- KEYS[4]  optional: the fair queue's deadlines (see _fair.lua): a free lock with live fair
+--          waiters is theirs first, so a plain try is refused
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -21,8 +23,10 @@
 -- return   token (> 0) when granted or re-entered;
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(pttl + 1) (<= -1) when someone else holds it, pttl its remaining lease in ms
---          (0 when unknown); the hold is then flagged so that its release wakes a waiter.
---@ uses next_token lengthen_hold held_reply register_waiter fmt
+--          (0 when unknown); the hold is then flagged so that its release wakes a waiter;
+--          0 in modes 'w'/'p', -2 otherwise, when the lock is free but fair waiters queue for
+--          it: the caller's wait goes on in the fair queue (mixed modes: docs/guides/locks.rst).
+--@ uses next_token lengthen_hold held_reply register_waiter fmt now_ms
 -- Numbers go to Redis as the strings they came in (ARGV) where they can: each conversion of a
 -- Lua number to a command argument, or of a string to a number, costs the server a formatting
 -- or parsing pass, a measurable share of an uncontended grant.
@@ -44,7 +48,12 @@ if mode ~= '' and mode ~= 'w' and mode ~= 'p' then
 end
 -- One EXISTS answers the uncontended case: neither a hold nor anyone registered as waiting.
 -- Otherwise PTTL tells whether the lock is held (-2: no such key) and, if so, for how long.
-local present = redis.call('exists', KEYS[1], KEYS[3])
+local present
+if KEYS[4] then
+  present = redis.call('exists', KEYS[1], KEYS[3], KEYS[4])
+else
+  present = redis.call('exists', KEYS[1], KEYS[3])
+end
 if present > 0 then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
@@ -62,6 +71,12 @@ if present > 0 then
       redis.call('hset', KEYS[1], ':w', 1)
     end
     return held_reply(KEYS[1], pttl)
+  end
+  if KEYS[4] and redis.call('zcount', KEYS[4], now_ms(), '+inf') > 0 then
+    if mode == 'w' or mode == 'p' then
+      return 0
+    end
+    return -2
   end
 end
 local token = next_token(KEYS[2], ARGV[3])
