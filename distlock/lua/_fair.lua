@@ -75,3 +75,20 @@ local function fair_hand_off(hash, fence, fq, fd, fe, q, now, retention, me, my_
     end
   end
 end
+
+--@ helper fair_pass_on uses fair_now fair_hand_off wake_one
+-- fair_pass_on(hash, fence, fq, fd, fe, q, retention, waited): a hold ends (its last release,
+-- or a wait that gives back what it was handed): free it, hand it straight to the first live
+-- queued waiter, or, with nobody live queued and the hold flagged as waited on (`waited`, its
+-- ':w'), wake a process of the plain registry `q` as lock_release does.
+local function fair_pass_on(hash, fence, fq, fd, fe, q, retention, waited)
+  redis.call('del', hash)
+  local got = -1
+  if redis.call('exists', fq) == 1 then
+    local now = fair_now()
+    got = fair_hand_off(hash, fence, fq, fd, fe, q, now, retention, '', '0')
+  end
+  if got < 0 and waited then
+    wake_one(q)
+  end
+end

@@ -6,20 +6,11 @@
 -- ARGV[2]  fence retention, ms
 -- return   2 when the wait had been handed the lock (now passed on or freed); 1 when it was
 --          queued; 0 otherwise.
---@ uses fair_now fair_drop fair_hand_off wake_one
+--@ uses fair_drop fair_pass_on
 local queued = fair_drop(KEYS[3], KEYS[4], KEYS[5], ARGV[1])
 local fields = redis.call('hmget', KEYS[1], ':n', ':w')
 if fields[1] ~= ARGV[1] then
   return queued
 end
-redis.call('del', KEYS[1])
-local got = -1
-if redis.call('exists', KEYS[3]) == 1 then
-  local now = fair_now()
-  got = fair_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], now,
-                      tonumber(ARGV[2]), '', '0')
-end
-if got < 0 and fields[2] then
-  wake_one(KEYS[6])
-end
+fair_pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(ARGV[2]), fields[2])
 return 2

@@ -13,7 +13,7 @@
 -- ARGV[4]  fence retention, ms
 -- return   the count still held (0 when the hold ended);
 --          -1 when the hold is gone or is someone else's (the caller's lease is lost).
---@ uses fair_now fair_hand_off wake_one
+--@ uses fair_pass_on
 local fields = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':w')
 if not fields[1] or fields[2] ~= ARGV[2] then
   return -1
@@ -28,14 +28,5 @@ if fields[1] ~= '1' then
     return redis.call('hincrby', KEYS[1], ARGV[1], -n)
   end
 end
-redis.call('del', KEYS[1])
-local got = -1
-if redis.call('exists', KEYS[3]) == 1 then
-  local now = fair_now()
-  got = fair_hand_off(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], now,
-                      tonumber(ARGV[4]), '', '0')
-end
-if got < 0 and fields[3] then
-  wake_one(KEYS[6])
-end
+fair_pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], tonumber(ARGV[4]), fields[3])
 return 0
