@@ -72,6 +72,10 @@ def fair_release(lock: _LockBase, hold: Hold, count: int) -> Flow[int]:
                        (hold.owner, hold.token, count, settings().fence_retention_ms))))
 
 
+#: how long after a hand-off its hold's lease is lengthened (seconds; see ``named``)
+LENGTHEN_AFTER = 0.005
+
+
 class FairWaiting(Waiting):
     """One wait for a fair lock. Every waiter tries at least every ``wait_cap`` (``strict``),
     wherever it stands in its process: each try keeps its queue entry alive. A hint that names
@@ -115,14 +119,18 @@ class FairWaiting(Waiting):
     def named(self) -> Any:
         """The lock was handed to this wait: take the hold as the message says. Its lease in
         Redis is short (the entry's time left) unless it is already the caller's own: the
-        watchdog thread lengthens it at once, off the caller's path."""
+        watchdog thread lengthens it a moment later, off the caller's path."""
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         token, lease = handoff_grant(self._waiter.payload)
         # the grant came after the latest refused try: its lease runs from no earlier than that
         hold = lock._grant(session, owner, token, count, watchdog, lease, self._refused_at)
         if lease < ms:
-            session.defer(functools.partial(_lengthen, lock, session, hold, ms, time.monotonic()))
+            # a moment later: the watchdog thread's round trip then does not compete with the
+            # caller's return (the handed lease is seconds long, or a quarter of it is waited)
+            now = time.monotonic()
+            session.defer_at(now + min(LENGTHEN_AFTER, lease / 4000), functools.partial(
+                _lengthen, lock, session, hold, ms, now))
         return True
 
 
