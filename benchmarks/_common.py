@@ -767,9 +767,10 @@ def format_table(rows: Sequence[Row]) -> str:
     return text_table(header, body, right={2, 4, 5})
 
 
-def text_table(header: Sequence[str], body: Sequence[Sequence[str]], *, right: Set[int]) -> str:
-    """Aligned columns (those in ``right`` right-justified), a rule under the header, and a
-    blank line wherever the first column changes."""
+def text_table(header: Sequence[str], body: Sequence[Sequence[str]], *, right: Set[int],
+               grouped: bool = True) -> str:
+    """Aligned columns (those in ``right`` right-justified), a rule under the header, and (when
+    ``grouped``) a blank line wherever the first column changes."""
     widths = [max(len(h), *(len(cells[i]) for cells in body)) if body else len(h)
               for i, h in enumerate(header)]
 
@@ -780,7 +781,7 @@ def text_table(header: Sequence[str], body: Sequence[Sequence[str]], *, right: S
     out = [line(header), line(["-" * w for w in widths])]
     previous = None
     for cells in body:
-        if previous is not None and cells[0] != previous:
+        if grouped and previous is not None and cells[0] != previous:
             out.append("")
         previous = cells[0]
         out.append(line(cells))
