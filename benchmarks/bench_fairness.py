@@ -44,6 +44,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
 import distlock  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
 from benchmarks.bench_locks import REDIS_PY, make_distlock, make_redis_py  # noqa: E402
+from distlock import _config  # noqa: E402
 
 FIGURES = ("curve",)
 LIMITS = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, math.inf)
@@ -60,7 +61,9 @@ def make_with_limit(limit: float, client: Any, name: str) -> C.LockHandle:
 
 
 def limit_text(limit: float) -> str:
-    return "inf (rule off)" if math.isinf(limit) else f"{limit * 1000:g} ms"
+    """``limit`` for the table, marked when it is the library's default."""
+    text = "inf (rule off)" if math.isinf(limit) else f"{limit * 1000:g} ms"
+    return text + " (default)" if limit == getattr(_config, "DEFAULT_BARGE_LIMIT", None) else text
 
 
 def parse_limits(text: str) -> Tuple[float, ...]:
