@@ -7,6 +7,7 @@ use, not at construction.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -18,6 +19,9 @@ import redis
 
 from ._logic import check_retention, check_seconds
 from ._replicas import DEFAULT_REPLICA_TIMEOUT, check_min_replicas, check_replica_timeout
+
+#: ``Settings.barge_limit``'s default, seconds: see docs/guides/locks.rst, "Even shares"
+DEFAULT_BARGE_LIMIT = 0.1
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
@@ -47,6 +51,10 @@ class Settings:
       made without its own ``min_replicas`` (0: none, nothing is waited for); and
       ``replica_timeout``: how long a grant waits for them, in seconds (0.5). See
       docs/guides/replicas.rst.
+    - ``barge_limit``: how long a waiter of a default (not fair) DistLock or DistRLock may be
+      passed over by processes that take the lock again and again before the lock is kept
+      for it at the next release, in seconds (0.02); 0: at every release someone waits for;
+      ``math.inf``: never (pure barging). See docs/guides/locks.rst, "Even shares".
     """
 
     prefix: str = "distlock:"
@@ -58,6 +66,7 @@ class Settings:
     metric_group: Optional[Callable[[str], str]] = field(default=None, compare=False)
     min_replicas: int = 0
     replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
+    barge_limit: float = DEFAULT_BARGE_LIMIT
     #: Redlock (``client=[...]``): the clock drift allowed per hold, in seconds; None: 1% of
     #: the lease plus 2 ms (see ``_quorum.drift``)
     redlock_drift: Optional[float] = None
@@ -99,6 +108,7 @@ def configure(
     min_replicas: Optional[int] = None,
     replica_timeout: Optional[float] = None,
     redlock_drift: Optional[float] = None,
+    barge_limit: Optional[float] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -136,6 +146,8 @@ def configure(
         changes["replica_timeout"] = check_replica_timeout(replica_timeout)
     if redlock_drift is not None:
         changes["redlock_drift"] = check_drift(redlock_drift)
+    if barge_limit is not None:
+        changes["barge_limit"] = check_barge_limit(barge_limit)
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")
@@ -149,6 +161,16 @@ def configure(
             if isinstance(client, str):
                 _default_async = None  # a URL serves both shells
     return new
+
+
+def check_barge_limit(value: object) -> float:
+    """``configure(barge_limit=)``: seconds, zero or more; ``math.inf`` turns the rule off."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"barge_limit must be a number of seconds, not {type(value).__name__}")
+    seconds = float(value)
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError("barge_limit must be zero or more seconds (math.inf: never)")
+    return seconds
 
 
 def check_drift(value: object) -> float:

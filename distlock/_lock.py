@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -44,6 +45,7 @@ from ._outcomes import lock_reenter as decode_reenter
 from ._outcomes import lock_release as decode_release
 from ._replicas import Acks, acks_for, check_options, give_back_unacked, refuse_quorum
 from ._session import Hold, Session, SessionUser, Waiter, add_lost_callback, fire_lost
+from ._shares import KEEP, NUDGE_AFTER, YIELD, quantum
 from ._waitpolicy import HINTED, LAST, WAIT
 
 __all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "release_into"]
@@ -93,6 +95,9 @@ class _LockBase(SessionUser):
         #: the fair queue's keys (``_fair``); a plain try reads its deadlines too, so that it
         #: never jumps a fair queue
         self._fair_keys = FairKeys(self._keys)
+        #: the yield rule applies (``_shares``): a default lock on one server or a cluster (a
+        #: Redlock quorum's masters could keep the lock for different processes)
+        self._shares = not self._fair and not isinstance(client, (list, tuple))
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
                               self._fair_keys.deadlines)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
@@ -238,7 +243,7 @@ class _LockBase(SessionUser):
         """The process' last waiter left without the lock: leave the registry, so that no
         release wakes this process for nothing (best effort: the entry expires anyway)."""
         try:
-            yield (RUN, "lock_unwait", (self._keys.queue,), (channel,))
+            yield (RUN, "lock_unwait", (self._keys.queue, self._keys.lock), (channel,))
         except redis.RedisError:
             pass
 
@@ -246,9 +251,20 @@ class _LockBase(SessionUser):
         if self._fair:
             return (yield from fair_release(self, hold, count))
         args: Tuple[Any, ...] = (hold.owner, hold.token)
-        if count != 1:
+        keep = self._shares and settings().barge_limit < math.inf
+        if keep:
+            keep = hold.session.runs.keeps(hold.key, time.monotonic())
+            args += (count, KEEP if keep else YIELD)
+        elif count != 1:
             args += (count,)
-        return int((yield (RUN, "lock_release", (self._keys.lock, self._keys.queue), args)))
+        left = int((yield (RUN, "lock_release", (self._keys.lock, self._keys.queue), args)))
+        if keep and left == 0:
+            # in its quantum: nobody was woken; unless this process takes the lock again
+            # first, the next waiter is woken soon (_shares)
+            now = time.monotonic()
+            if hold.session.runs.released(hold.key, now):
+                hold.session.defer_at(now + NUDGE_AFTER, functools.partial(_nudge, self._keys, hold.session))
+        return left
 
     def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> Flow[bool]:
         session = self._session()
@@ -302,6 +318,8 @@ class _LockBase(SessionUser):
             if self._acks() is not None:
                 raise TypeError(FAIR_REPLICAS)
             return (yield from first_try(self, session, owner, ms, count))
+        if self._shares:
+            session.runs.touch(self._keys.lock)
         return (yield from self._call_acquire(session, owner, ms, count, ""))
 
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
@@ -471,6 +489,9 @@ class _LockWaiting(Waiting):
         outcome = decode_acquire(reply)
         if type(outcome) is Granted:
             lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
+            limit = settings().barge_limit
+            if lock._shares and limit < math.inf:  # a quantum starts (_shares)
+                session.runs.start(lock._keys.lock, sent_at, quantum(limit, waiter.channel.turns))
         return outcome
 
     def abandon(self) -> Flow[None]:
@@ -487,6 +508,22 @@ class _LockWaiting(Waiting):
         if self.short is not None:
             raise self.short  # never False for a quorum that could not be reached
         return False
+
+
+def _nudge(keys: Keys, session: Session) -> None:
+    """In the watchdog thread, ``NUDGE_AFTER`` a release in a quantum: if this process has not
+    tried to take the lock since, wake the next waiting process (``_shares``)."""
+    now = time.monotonic()
+    due = session.runs.nudge(keys.lock, now)
+    if due is None or session.closed:
+        return
+    if due > now:  # released again meanwhile: look again then
+        session.defer_at(due, functools.partial(_nudge, keys, session))
+        return
+    try:
+        session.run("lock_nudge", (keys.lock, keys.queue), ())
+    except redis.RedisError as exc:  # the waiters' bounded sleeps cover for it
+        log.debug("distlock: could not wake a waiter of %r: %r", keys.name, exc)
 
 
 def _finish_release(lock: _LockBase, session: Session, hold: Hold, count: int, depth: int) -> None:

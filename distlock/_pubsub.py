@@ -65,7 +65,8 @@ class Waiter:
 
 
 class Channel:
-    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up", "moved")
+    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up", "moved",
+                 "turns")
 
     def __init__(self, name: str, event: Callable[[], Any] = threading.Event) -> None:
         self.name = name
@@ -78,6 +79,9 @@ class Channel:
         #: its slot moved to another node of a cluster (``_pubsub_cluster``): not subscribed
         #: again here; its waiters move to the new owner
         self.moved = False
+        #: how many processes took turns with a default lock at the last yield to this
+        #: process (a 'y<n>' hint; 0: none yet): its next quantum is barge_limit / n (_shares)
+        self.turns = 0
 
 
 class Board:
@@ -273,6 +277,9 @@ class Board:
                             waiter.hinted = True
                             waiter.event.set()
                 else:
+                    turns = yield_turns(data)
+                    if turns:
+                        chan.turns = turns
                     _wake(chan, wake_count(data))
 
 
@@ -450,8 +457,20 @@ def wake_idents(data: Any) -> Optional[Set[str]]:
     return None
 
 
+def yield_turns(data: Any) -> int:
+    """A default lock yielded to this process (a ``y<n>`` hint, ``free_hold``): n, how many
+    processes take turns with it; 0 for any other hint."""
+    if isinstance(data, str) and data[:1] == "y":
+        try:
+            return max(1, int(data[1:]))
+        except ValueError:
+            return 0
+    return 0
+
+
 def wake_count(data: Any) -> Optional[int]:
-    """How many local waiters one hint wakes: an integer, or ``*`` for all of them."""
+    """How many local waiters one hint wakes: an integer (a ``y<n>`` hint wakes one), or ``*``
+    for all of them."""
     if data == "*":
         return None
     try:

@@ -50,6 +50,7 @@ from ._flow import Flow, drive
 from ._metrics import Meter
 from ._metrics import meter as make_meter
 from ._pubsub import Dispatcher, Waiter, wake_count, wake_idents
+from ._shares import Runs
 from ._telemetry import lease_lost
 from ._watchdog import Hold, Watchdog
 
@@ -114,6 +115,9 @@ class Session:
         self.dispatcher: Dispatcher = self.executor.dispatcher(source, tag)
         #: the registry of holds, keyed by (key, owner); shared with the watchdog
         self.holds = self.watchdog.holds
+        #: the default locks' quanta (``_shares``): when this process last got each lock by
+        #: waiting for it
+        self.runs = Runs()
 
     # --- holds --------------------------------------------------------------------------------
 
@@ -137,6 +141,10 @@ class Session:
         """Run ``task`` soon in the watchdog thread, not in the caller's: a clean-up round trip
         that the caller's result does not depend on."""
         self.watchdog.defer(task)
+
+    def defer_at(self, when: float, task: Callable[[], object]) -> None:
+        """Run ``task`` in the watchdog thread at ``when`` (time.monotonic()), or soon after."""
+        self.watchdog.defer_at(when, task)
 
     def renew_all(self) -> Optional[float]:
         return self.watchdog.renew_all()
@@ -204,7 +212,9 @@ class Session:
 
     def release_all(self) -> None:
         """Give back every hold still held (interpreter exit): other hosts need not wait out
-        the lease of a process that is going away. Errors are logged, never raised."""
+        the lease of a process that is going away; and wake now the waiters this process was
+        about to wake (``_shares``). Errors are logged, never raised."""
+        self.watchdog.run_timed_now()
         for hold in list(self.holds.values()):
             if hold.lost or hold.end is None:
                 continue

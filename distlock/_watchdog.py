@@ -13,6 +13,7 @@ The thread starts with the first watchdog hold (or deferred task) and exits afte
 from __future__ import annotations
 
 import collections
+import heapq
 import logging
 import threading
 import time
@@ -116,6 +117,9 @@ class Watchdog:
         self._kick = threading.Event()
         #: clean-up round trips that must not delay the caller (see ``defer``)
         self._deferred: Deque[Callable[[], object]] = collections.deque()
+        #: tasks for later: a heap of (when, sequence, task), on time.monotonic()'s clock
+        self._timed: List[Tuple[float, int, Callable[[], object]]] = []
+        self._timed_seq = 0
         self._abandoned: Deque[Hold] = collections.deque()  # see ``abandon``
         self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
         self.closed = False
@@ -164,6 +168,29 @@ class Watchdog:
             self._deferred.append(task)
             self._ensure_locked()
 
+    def defer_at(self, when: float, task: Callable[[], object]) -> None:
+        """Run ``task`` in the watchdog thread at ``when`` (time.monotonic()), or soon after.
+        The thread is woken only when ``task`` is due before everything it already waits for."""
+        with self.mutex:
+            self._timed_seq += 1
+            first = not self._timed or when < self._timed[0][0]
+            heapq.heappush(self._timed, (when, self._timed_seq, task))
+            if first:
+                self._kick.set()
+                self._ensure_locked()
+
+    def run_timed_now(self) -> None:
+        """Run every task deferred to later, now, in the caller's thread (interpreter exit:
+        the next waiter is woken before the process goes)."""
+        with self.mutex:
+            tasks = [task for _, _, task in sorted(self._timed, key=lambda t: t[:2])]
+            self._timed.clear()
+        for task in tasks:
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - exiting: what fails is covered by bounded sleeps
+                log.debug("distlock: deferred task failed at exit", exc_info=True)
+
     @property
     def running(self) -> bool:
         thread = self._thread
@@ -181,7 +208,7 @@ class Watchdog:
 
     def _idle_locked(self) -> bool:
         # a snapshot: ``abandon`` may drop a hold from any thread without the mutex
-        return not self._deferred and not self._abandoned and not any(
+        return not self._deferred and not self._abandoned and not self._timed and not any(
             h.watchdog and not h.lost for h in list(self.holds.values()))
 
     # --- the thread ---------------------------------------------------------------------------
@@ -224,6 +251,9 @@ class Watchdog:
                 # gone without the release having to wake it (that would cost every release a
                 # thread switch).
                 wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
+                timed = self._timed
+                if timed:
+                    wait = min(wait, timed[0][0] - now)
                 self._kick.wait(max(0.0, wait))
                 self._kick.clear()
                 if self.closed:
@@ -254,11 +284,15 @@ class Watchdog:
         while self._abandoned:
             abandoned.append(self._abandoned.popleft())
         self._give_back(abandoned, "a lock object was garbage collected while it")
+        now = time.monotonic()
         while True:
             try:
                 task = self._deferred.popleft()
             except IndexError:
-                return
+                with self.mutex:
+                    if not self._timed or self._timed[0][0] > now:
+                        return
+                    task = heapq.heappop(self._timed)[2]
             try:
                 task()
             except Exception:  # noqa: BLE001 - a clean-up must not kill the watchdog

@@ -121,11 +121,42 @@ end
 
 --@ helper wake_one uses now_ms
 -- wake_one(queue): hint the longest-registered live waiting process, and take it off the
--- registry (its waiter registers again if it loses the race for the lock).
+-- registry (its waiter registers again if it loses the race for the lock). 1 if there was one.
 local function wake_one(queue)
   redis.call('zremrangebyscore', queue, '-inf', now_ms())
   local first = redis.call('zpopmin', queue)
   if first[1] then
     redis.call('publish', first[1], '1')
+    return 1
+  end
+  return 0
+end
+
+--@ helper free_hold uses now_ms wake_one
+-- free_hold(hash, queue, waited, how): a plain hold of an exclusive lock ends (its last
+-- release, a condition's wait, an undone try): free it, and when it was waited on (`waited`,
+-- its ':w'), wake the longest-registered waiting process. `how` (distlock/_shares.py): 'k',
+-- the releasing process is in its quantum: wake nobody (it takes the lock again, or nudges
+-- the next waiter soon: lock_nudge); 'y', it yields: that process also gets the lock, kept
+-- for it for a moment: the hash is left with only ':r' (its wake-up channel) and ':w', for
+-- 250 ms. Any of its waiters takes it (lock_acquire); every other try is refused meanwhile,
+-- as if it were held. A process that no longer waits gives it up at once (lock_unwait); one
+-- that died, within the 250 ms. Its hint, 'y<n>', tells it how many processes take turns
+-- (those still registered, itself and the one yielding): its quantum is barge_limit / n.
+local function free_hold(hash, queue, waited, how)
+  redis.call('del', hash)
+  if not waited or how == 'k' then
+    return
+  end
+  if how ~= 'y' then
+    wake_one(queue)
+    return
+  end
+  redis.call('zremrangebyscore', queue, '-inf', now_ms())
+  local first = redis.call('zpopmin', queue)
+  if first[1] then
+    redis.call('hset', hash, ':r', first[1], ':w', 1)
+    redis.call('pexpire', hash, 250)
+    redis.call('publish', first[1], 'y' .. tostring(redis.call('zcard', queue) + 2))
   end
 end

@@ -14,16 +14,14 @@
 -- return   0 when queued (and the lock released: freed, waking one waiting process when the
 --          hold was waited on, as lock_release does);
 --          -1 when the lock hold is gone or someone else's (nothing changed).
---@ uses wake_one
+--          The lock is freed as lock_release frees it (free_hold).
+--@ uses free_hold
 if ARGV[3] ~= '' then
   local fields = redis.call('hmget', KEYS[3], ARGV[3], ':t', ':w')
   if not fields[1] or fields[2] ~= ARGV[4] then
     return -1
   end
-  redis.call('del', KEYS[3])
-  if fields[3] then
-    wake_one(KEYS[4])
-  end
+  free_hold(KEYS[3], KEYS[4], fields[3], '')
 end
 local t = redis.call('time')
 local arrival = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -2,7 +2,9 @@
 -- KEYS[1]  lock hash: owner -> count, ':t' -> fencing token, ':i' -> holder info,
 --          ':l' -> every lease this hold was given, in all (ms): its age is ':l' - PTTL,
 --          ':w' -> present when processes may be waiting (the release then wakes one),
---          ':s' -> since when a queued process has waited for this hold (server ms)
+--          ':s' -> since when a queued process has waited for this hold (server ms),
+--          ':r' -> alone, with ':w' (no owner, no ':t'): the lock is kept for the process of
+--          that wake-up channel, for a moment (free_hold): only its waiters' tries take it
 -- KEYS[2]  fence: last token granted for this name
 -- KEYS[3]  registry of waiting processes: sorted set, wake-up channel -> entry deadline (ms)
 -- KEYS[4]  optional: the fair queue's deadlines (see _fair.lua): a free lock with live fair
@@ -54,25 +56,33 @@ if KEYS[4] then
 else
   present = redis.call('exists', KEYS[1], KEYS[3])
 end
+local kept = nil  -- the hash that kept the lock for the caller's process (free_hold)
 if present > 0 then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
-    if mode == 'w' then
-      -- The waiting path only: ':s', since when a queued process has waited for this hold.
-      -- The first to register (no registry yet: present == 1) starts it afresh, as every
-      -- earlier waiter has left; later ones keep it.
-      local since = register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
-      if present > 1 and redis.call('hexists', KEYS[1], ':s') == 1 then
-        redis.call('hset', KEYS[1], ':w', 1)
-      else
-        redis.call('hset', KEYS[1], ':w', 1, ':s', since)
+    if mode == 'w' or mode == 'p' then
+      local h = redis.call('hmget', KEYS[1], ':t', ':r', ':s')
+      if h[1] or h[2] ~= ARGV[7] then
+        -- held, or kept for another process
+        if mode == 'w' then
+          -- ':s', since when a queued process has waited for this hold. The first to
+          -- register (no registry yet: present == 1) starts it afresh, as every earlier
+          -- waiter has left; later ones keep it.
+          local since = register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
+          if present > 1 and h[3] then
+            redis.call('hset', KEYS[1], ':w', 1)
+          else
+            redis.call('hset', KEYS[1], ':w', 1, ':s', since)
+          end
+        end
+        return held_reply(KEYS[1], pttl)
       end
-    elseif mode ~= 'p' then
+      kept = h
+    else
       redis.call('hset', KEYS[1], ':w', 1)
+      return held_reply(KEYS[1], pttl)
     end
-    return held_reply(KEYS[1], pttl)
-  end
-  if KEYS[4] and redis.call('zcount', KEYS[4], now_ms(), '+inf') > 0 then
+  elseif KEYS[4] and redis.call('zcount', KEYS[4], now_ms(), '+inf') > 0 then
     if mode == 'w' or mode == 'p' then
       return 0
     end
@@ -86,6 +96,10 @@ if present > 0 then
              ':w', '1')
 else
   redis.call('hset', KEYS[1], ARGV[1], count, ':t', fmt(token), ':i', ARGV[4], ':l', ARGV[2])
+end
+if kept then
+  -- the lock was kept for this process (free_hold): the hold is its now
+  redis.call('hdel', KEYS[1], ':r', ':s')
 end
 if mode == 'w' or mode == 'p' then
   if ARGV[9] == '1' then

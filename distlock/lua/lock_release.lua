@@ -1,13 +1,16 @@
 -- Release some or all of an exclusive owner-counted hold. The last release frees the lock and,
--- when the hold was flagged as waited on (':w'), wakes the longest-waiting process.
+-- when the hold was flagged as waited on (':w'), wakes the longest-registered waiting process
+-- (free_hold), for which the lock is kept a moment when the caller yields (ARGV[4]).
 -- KEYS[1]  lock hash
 -- KEYS[2]  registry of waiting processes (see lock_acquire)
 -- ARGV[1]  owner id
 -- ARGV[2]  token of the hold the caller believes it has
 -- ARGV[3]  count to release; absent means 1; '0' releases all of it (_release_save())
+-- ARGV[4]  optional (distlock/_shares.py): 'k' while the caller's process is in its quantum
+--          (wake nobody); 'y' when it yields (its quantum is over, or it never waited)
 -- return   the count still held (0 when the lock is now free);
 --          -1 when the hold is gone or is someone else's (the caller's lease is lost).
---@ uses wake_one
+--@ uses free_hold
 local fields = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':w')
 if not fields[1] or fields[2] ~= ARGV[2] then
   return -1
@@ -28,8 +31,5 @@ if fields[1] ~= '1' then
     return redis.call('hincrby', KEYS[1], ARGV[1], -n)
   end
 end
-redis.call('del', KEYS[1])
-if fields[3] then
-  wake_one(KEYS[2])
-end
+free_hold(KEYS[1], KEYS[2], fields[3], ARGV[4])
 return 0

@@ -6,13 +6,10 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  holder info the try wrote (':i'), which names the try: no other try writes it
 -- return   1 when the try's hold was here and is gone now; 0 when it was not here.
---@ uses wake_one
+--@ uses free_hold
 local fields = redis.call('hmget', KEYS[1], ARGV[1], ':i', ':w')
 if not fields[1] or fields[2] ~= ARGV[2] then
   return 0
 end
-redis.call('del', KEYS[1])
-if fields[3] then
-  wake_one(KEYS[2])
-end
+free_hold(KEYS[1], KEYS[2], fields[3], '')
 return 1

@@ -1,0 +1,287 @@
+"""Even shares for the default locks (the yield rule, ``distlock/_shares.py``): a process that
+got the lock by waiting keeps it for a quantum without waking anyone, then yields it to the
+longest-registered waiting process, for which the lock is kept a moment.
+
+The scripts' part runs on real servers (``url``); ``Runs`` and ``configure`` need none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import Any, Dict
+
+import pytest
+import redis
+from _procs import recv
+from _shares_workers import hog, share, take_once
+
+import distlock
+from distlock import _config
+from distlock._config import client_from_url
+from distlock._lock import session_of
+from distlock._pubsub import wake_count, yield_turns
+from distlock._shares import NUDGE_AFTER, TURNS, Runs, quantum
+
+_names = itertools.count(1)
+
+
+def other(url: str) -> Any:
+    """A client with a session of its own: another process, as far as distlock can tell."""
+    if url.startswith("redis+cluster://"):
+        return client_from_url(url)
+    return redis.Redis.from_url(url, client_name=f"shares-{next(_names)}")
+
+
+def keys(name: str) -> Dict[str, str]:
+    tag = f"distlock:{{{name}}}"
+    return {"lock": tag, "queue": tag + ":q"}
+
+
+def until(predicate: Any, bound: float = 30.0, what: str = "condition") -> None:
+    end = time.monotonic() + bound
+    while not predicate():
+        assert time.monotonic() < end, f"no {what} within {bound} s"
+        time.sleep(0.005)
+
+
+def commands(client: Any) -> Dict[str, int]:
+    stats = client.info("commandstats")
+    return {name.split("_", 1)[1]: int(v["calls"]) for name, v in stats.items()}
+
+
+# --- Runs: no I/O ---------------------------------------------------------------------------
+
+def test_a_quantum_is_the_limit_shared_by_the_processes_taking_turns() -> None:
+    assert quantum(0.1, 4) == pytest.approx(0.025)
+    assert quantum(0.1, 16) == pytest.approx(0.00625)
+    assert quantum(0.1, 0) == pytest.approx(0.1 / TURNS)  # no count came with the grant
+    runs = Runs()
+    assert not runs.keeps("k", 0.0)  # never waited: it yields at once
+    runs.start("k", 100.0, 0.025)
+    assert runs.keeps("k", 100.0249) and not runs.keeps("k", 100.0251)
+
+
+@pytest.mark.parametrize("hint, turns, wakes", [("y4", 4, 1), ("y1", 1, 1), ("y0", 1, 1), ("1", 0, 1),
+                                                ("3", 0, 3), ("*", 0, None), ("yx", 0, 1)])
+def test_a_yield_hint_wakes_one_waiter_and_counts_the_turns(hint: str, turns: int, wakes: Any) -> None:
+    assert yield_turns(hint) == turns and wake_count(hint) == wakes
+
+
+def test_a_nudge_is_due_only_when_the_process_did_not_try_again() -> None:
+    runs = Runs()
+    runs.start("k", 0.0, 1.0)
+    assert runs.released("k", 0.1)  # schedule one
+    assert not runs.released("k", 0.1005)  # one is pending: no second
+    assert runs.nudge("k", 0.1 + NUDGE_AFTER) == pytest.approx(0.1005 + NUDGE_AFTER)  # later
+    assert runs.nudge("k", 0.1005 + NUDGE_AFTER) == 0.0  # due: wake someone now
+    assert runs.released("k", 0.2)
+    runs.touch("k")  # tried to take it again: nothing to do
+    assert runs.nudge("k", 0.2 + NUDGE_AFTER) is None
+    assert Runs().nudge("k", 1.0) is None
+
+
+def test_runs_stay_small_whatever_the_number_of_names() -> None:
+    runs = Runs()
+    for i in range(5000):
+        runs.start(f"k{i}", float(i) * 2, 0.1)
+    assert len(runs) <= 256
+    assert runs.keeps("k4999", 9998.05)
+
+
+# --- configure --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value", [0, 0.0, 0.25, 3, math.inf])
+def test_barge_limit_takes_zero_or_more_seconds(value: Any) -> None:
+    try:
+        assert distlock.configure(barge_limit=value).barge_limit == float(value)
+    finally:
+        _config.reset_settings()
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    ("0.1", TypeError, "^barge_limit must be a number of seconds, not str$"),
+    (True, TypeError, "^barge_limit must be a number of seconds, not bool$"),
+    (-0.001, ValueError, r"^barge_limit must be zero or more seconds \(math.inf: never\)$"),
+    (math.nan, ValueError, r"^barge_limit must be zero or more seconds \(math.inf: never\)$"),
+])
+def test_barge_limit_bad_values(bad: Any, error: type, match: str) -> None:
+    before = distlock.configure()
+    with pytest.raises(error, match=match):
+        distlock.configure(barge_limit=bad)
+    assert distlock.configure() == before
+
+
+# --- the scripts --------------------------------------------------------------------------------
+
+def run(lock: Any, script: str, keys_: tuple, args: tuple) -> Any:
+    """One script through ``lock``'s session, as its own calls send it."""
+    return session_of(lock).run(script, keys_, args)
+
+
+def register(client: Any, k: Dict[str, str], channel: str) -> None:
+    """A process waiting for the lock, as its failed try registers it (and flags the hold)."""
+    client.zadd(k["queue"], {channel: int(time.time() * 1000) + 60_000})
+    client.hset(k["lock"], ":w", 1)
+
+
+@pytest.mark.real_redis
+@pytest.mark.cluster_too
+def test_a_yielding_release_keeps_the_lock_for_the_longest_registered_process(url: str,
+                                                                             client: Any) -> None:
+    name = "yield"
+    k = keys(name)
+    lock = distlock.DistLock(name, client=other(url))
+    acquire_keys = lock._acquire_keys
+    first, second = f"{k['lock']}:wake:aaa", f"{k['lock']}:wake:bbb"
+    assert lock.acquire()
+    register(client, k, first)
+    register(client, k, second)
+    watcher = client.pubsub() if not url.startswith("redis+cluster://") else None
+    hold = session_of(lock).holds[(k["lock"], next(iter(session_of(lock).holds))[1])]
+    assert run(lock, "lock_release", (k["lock"], k["queue"]), (hold.owner, hold.token, 1, "y")) == 0
+    session_of(lock).drop_hold(hold)
+    # kept for the first registered process, a moment, and it is off the registry
+    assert client.hgetall(k["lock"]) == {b":r": first.encode(), b":w": b"1"}
+    assert 0 < client.pttl(k["lock"]) <= 250
+    assert client.zrange(k["queue"], 0, -1) == [second.encode()]
+    # a first try, and a waiter of another process, are refused as if it were held
+    assert not distlock.DistLock(name, client=other(url)).acquire(blocking=False)
+    owner = "someone:1"
+    args = (owner, 10_000, 20_000, "h:1", "p", 1)
+    refused = run(lock, "lock_acquire", acquire_keys, args + (second, 60_000, "0"))
+    assert -251 <= refused < 0
+    # the process it is kept for takes it, whole: no ':r', no ':s' left
+    token = run(lock, "lock_acquire", acquire_keys, args + (first, 60_000, "0"))
+    assert token > 0
+    fields = client.hgetall(k["lock"])
+    assert fields[owner.encode()] == b"1" and b":r" not in fields and b":s" not in fields
+    assert fields[b":w"] == b"1"  # another process waits: its release wakes it
+    assert run(lock, "lock_release", (k["lock"], k["queue"]), (owner, token)) == 0
+    if watcher is not None:
+        watcher.close()
+
+
+@pytest.mark.real_redis
+def test_a_release_in_a_quantum_wakes_nobody(url: str, client: Any) -> None:
+    name = "keep"
+    k = keys(name)
+    lock = distlock.DistLock(name, client=other(url))
+    channel = f"{k['lock']}:wake:aaa"
+    assert lock.acquire()
+    register(client, k, channel)
+    hold = next(iter(session_of(lock).holds.values()))
+    before = commands(client).get("publish", 0)
+    assert run(lock, "lock_release", (k["lock"], k["queue"]), (hold.owner, hold.token, 1, "k")) == 0
+    session_of(lock).drop_hold(hold)
+    assert commands(client).get("publish", 0) == before
+    assert client.exists(k["lock"]) == 0 and client.zrange(k["queue"], 0, -1) == [channel.encode()]
+    # ...and the nudge wakes it while the lock is free, not while it is held
+    assert lock.acquire()
+    assert run(lock, "lock_nudge", (k["lock"], k["queue"]), ()) == 0
+    lock.release()  # (this process never waited: it yields, to the registered one)
+    client.delete(k["lock"])
+    register(client, k, channel)
+    client.delete(k["lock"])
+    assert run(lock, "lock_nudge", (k["lock"], k["queue"]), ()) == 1
+    assert client.exists(k["queue"]) == 0
+
+
+@pytest.mark.real_redis
+def test_a_process_that_stops_waiting_gives_up_the_lock_kept_for_it(url: str, client: Any) -> None:
+    name = "unwait"
+    k = keys(name)
+    lock = distlock.DistLock(name, client=other(url))
+    mine, next_ = f"{k['lock']}:wake:aaa", f"{k['lock']}:wake:bbb"
+    client.hset(k["lock"], mapping={":r": mine, ":w": 1})
+    client.pexpire(k["lock"], 250)
+    client.zadd(k["queue"], {next_: int(time.time() * 1000) + 60_000})
+    assert run(lock, "lock_unwait", (k["queue"], k["lock"]), (next_ + "x",)) == 0
+    assert client.exists(k["lock"]) == 1  # kept for someone else: untouched
+    assert run(lock, "lock_unwait", (k["queue"], k["lock"]), (mine,)) == 0
+    assert client.exists(k["lock"]) == 0  # free, and the next waiting process was woken
+    assert client.exists(k["queue"]) == 0
+
+
+# --- across processes -----------------------------------------------------------------------
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_a_waiter_gets_the_lock_from_a_process_that_keeps_taking_it(url: str, client: Any,
+                                                                    children: Any, kind: str) -> None:
+    """A process takes and releases the lock back to back; a waiter in another process gets
+    it while that loop still runs (the loop is bounded, and is told to stop after)."""
+    name = f"hog-{kind}"
+    conn = children.start(hog, url, name, kind, 200_000, 60.0)
+    assert recv(conn, 60) == "started"
+    lock = getattr(distlock, kind)(name, client=other(url))
+    assert lock.acquire(timeout=60)
+    lock.release()
+    conn.send("stop")
+    ops, stopped = recv(conn, 90)
+    assert stopped, f"the loop ended by its bound ({ops} operations) before the waiter got the lock"
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_processes_share_the_lock_and_exclude_each_other(url: str, client: Any, children: Any,
+                                                         kind: str) -> None:
+    """Four processes increment one counter (GET then SET) under the lock until it reaches a
+    total: no update is lost, and every process gets a share. The share bound is loose (a
+    quarter of the mean) so that a slow machine cannot fail it; the benchmark measures it."""
+    name, counter, total = f"share-{kind}", f"test:shares:{kind}", 1200
+    conns = [children.start(share, url, name, kind, counter, total) for _ in range(4)]
+    for conn in conns:
+        assert recv(conn, 60) == "ready"
+    for conn in conns:
+        conn.send("go")
+    mine = [recv(conn, 240) for conn in conns]
+    assert sum(mine) == total == int(client.get(counter))
+    assert min(mine) >= 0.25 * total / 4, mine
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_commands_per_hand_off_stay_flat(url: str, client: Any, children: Any, kind: str) -> None:
+    """No herd: a hand-off wakes one process, whether 1, 10 or 50 wait. Counted on the server
+    (INFO commandstats, which counts the commands scripts run too)."""
+    figures = {}
+    for round_, processes in enumerate([1, 10, 50]):
+        name = f"herd-{kind}-{round_}"
+        k = keys(name)
+        holder = getattr(distlock, kind)(name, client=other(url))
+        assert holder.acquire()
+        conns = [children.start(take_once, url, name, kind, 1) for _ in range(processes)]
+        for conn in conns:
+            assert recv(conn, 120) == "started"
+        until(lambda k=k, n=processes: client.zcard(k["queue"]) >= n, 120, f"{processes} waiting processes")
+        time.sleep(0.5)  # the first tries' dust settles
+        before = commands(client)
+        holder.release()
+        assert sum(recv(conn, 180) for conn in conns) == processes
+        time.sleep(0.6)  # the last unsubscribes
+        after = commands(client)
+        delta = {cmd: after.get(cmd, 0) - before.get(cmd, 0) for cmd in after}
+        delta.pop("info", None)
+        figures[processes] = (sum(delta.values()) / processes, delta.get("evalsha", 0) / processes)
+        for conn in conns:
+            conn.close()
+    print(f"{kind}: commands per hand-off (all, EVALSHA) by waiting processes:",
+          {n: (round(a, 1), round(e, 1)) for n, (a, e) in figures.items()})
+    # a herd would grow with the waiting processes: every woken one would try
+    assert figures[50][1] <= figures[1][1] + 0.5 and figures[10][1] <= figures[1][1] + 0.5
+    assert figures[50][0] <= figures[1][0] * 1.25 and figures[10][0] <= figures[1][0] * 1.25
+
+
+@pytest.mark.real_redis
+def test_with_no_limit_a_release_never_yields(url: str, client: Any) -> None:
+    distlock.configure(barge_limit=math.inf)
+    name = "nolimit"
+    k = keys(name)
+    lock = distlock.DistLock(name, client=other(url))
+    assert lock.acquire()
+    register(client, k, f"{k['lock']}:wake:aaa")
+    lock.release()
+    assert client.exists(k["lock"]) == 0  # freed, not kept for the waiter (who was woken)
+    assert client.exists(k["queue"]) == 0
