@@ -5,9 +5,11 @@
   the drift of a noisy machine hits every candidate alike and ratios come from the same rounds;
 - cross-process harnesses, each bounded in time and always ending its workers:
   ``handoff_latency`` (release in this process -> acquire returns in another),
-  ``contended_throughput`` (N processes increment a GET/SET counter under the lock) and
-  ``hold_and_wait`` (this process holds some locks while a spawned process has many threads
-  waiting on them, and a callable measures something meanwhile);
+  ``contended_throughput`` (N processes increment a GET/SET counter under the lock; ops/s and
+  how evenly the processes shared the lock, ``fairness``), ``hold_and_wait`` (this process
+  holds some locks while a spawned process has many threads waiting on them, and a callable
+  measures something meanwhile) and ``handoff_commands`` (the Redis commands per hand-off when
+  1, 10 or 50 processes wait);
 - Redis-side counters: ``command_calls`` / ``command_rate`` (INFO commandstats) and
   ``connections_named`` (CLIENT LIST);
 - the result table (``Row``, ``format_table``) and its JSON form.
@@ -41,9 +43,10 @@ __all__ = [
     "LockHandle", "LockFactory", "start_server", "connect", "server_meta",
     "cycle", "interleaved", "per_round_ratios", "median", "percentile",
     "Workers", "expect", "handoff_latency", "contended_throughput", "hold_and_wait",
+    "handoff_commands", "fairness", "fairness_rows", "versus_rows",
     "add_hint_floor", "make_hint_holder", "make_hint_waiter", "pinned", "round_robin",
     "command_calls", "calls_delta", "command_rate", "connections_named",
-    "Row", "format_table", "write_json",
+    "Row", "format_table", "text_table", "num_text", "ratio_text", "write_json",
 ]
 
 T = TypeVar("T")
@@ -401,14 +404,18 @@ def contended_throughput(client: redis.Redis[Any], url: str,
     candidate: the increments the workers reported and the counter's final value, summed over
     the rounds; ``lost`` (reported minus final: updates one worker overwrote for another);
     ``per_round_ops`` (ops/s of each round: increments over the time from the common start to
-    the last worker's finish) and ``ops_per_s`` (their median); per-process increments; and the
-    Redis commands run meanwhile (``commands``, ``commands_per_op``: commands run inside
-    scripts count too; ``scripts_per_op``: EVALSHA and EVAL calls per increment).
+    the last worker's finish) and ``ops_per_s`` (their median); per-process increments, summed
+    (``per_worker``) and per round (``per_round_workers``); fairness (``per_round_fairness``:
+    the least process' increments over the mean of the processes, per round; ``fairness``:
+    their median; ``fairness_min``: the worst round), since a lock can be fast by letting one
+    process keep it; and the Redis commands run meanwhile (``commands``, ``commands_per_op``:
+    commands run inside scripts count too; ``scripts_per_op``: EVALSHA and EVAL calls per
+    increment).
     """
     labels = list(candidates)
     out: Dict[str, Dict[str, Any]] = {
         label: {"increments": 0, "final": 0, "per_round_ops": [], "per_worker": [0] * procs,
-                "timeouts": 0, "release_errors": 0, "commands": {}}
+                "per_round_workers": [], "timeouts": 0, "release_errors": 0, "commands": {}}
         for label in labels}
     with Workers() as workers:
         conns: Dict[str, List[Connection]] = {}
@@ -438,6 +445,7 @@ def contended_throughput(client: redis.Redis[Any], url: str,
                 elapsed = max(r["finished"] for r in reports) - start_at
                 res["per_round_ops"].append(done / elapsed if elapsed > 0 else math.nan)
                 res["per_worker"] = [a + r["increments"] for a, r in zip(res["per_worker"], reports)]
+                res["per_round_workers"].append([r["increments"] for r in reports])
                 res["timeouts"] += sum(r["timeouts"] for r in reports)
                 res["release_errors"] += sum(r["release_errors"] for r in reports)
                 for cmd, n in calls.items():
@@ -449,7 +457,17 @@ def contended_throughput(client: redis.Redis[Any], url: str,
         res["ops_per_s"] = median(res["per_round_ops"])
         res["commands_per_op"] = sum(calls.values()) / done if done else math.nan
         res["scripts_per_op"] = (calls.get("evalsha", 0) + calls.get("eval", 0)) / done if done else math.nan
+        res["per_round_fairness"] = [fairness(workers) for workers in res["per_round_workers"]]
+        res["fairness"] = median(res["per_round_fairness"])
+        res["fairness_min"] = min(res["per_round_fairness"], default=math.nan)
     return out
+
+
+def fairness(increments: Sequence[int]) -> float:
+    """The least process' share over the mean share (1.0: all alike; 0.0: one was starved);
+    NaN when nobody got anything."""
+    mean = sum(increments) / len(increments) if increments else 0.0
+    return min(increments) / mean if mean > 0 else math.nan
 
 
 def _contended_worker(url: str, factory: LockFactory, name: str, counter_key: str,
@@ -584,6 +602,90 @@ def _waiters_worker(url: str, factory: LockFactory, names: List[str], threads: i
         return
 
 
+# --- commands per hand-off, by waiting processes --------------------------------------------------
+
+def handoff_commands(client: redis.Redis[Any], url: str, factory: LockFactory, name: str, *,
+                     waiting: int, registry: Optional[str] = None, settle: float = 0.5,
+                     registry_bound: float = 60.0, quiet: float = 0.6, acquire_timeout: float = 300.0,
+                     hold: float = 0.001) -> Dict[str, Any]:
+    """The Redis commands a run of hand-offs costs, by how many processes wait: this process
+    holds ``name`` while ``waiting`` spawned processes (one thread each) block on it, then
+    releases; each waiter takes the lock once, holds it ``hold`` seconds (no Redis command:
+    only the lock's own commands are counted), releases and reports.
+
+    Counted on the server (INFO commandstats, which counts the commands scripts run too, minus
+    the INFO calls themselves) from just before the release here until every waiter has
+    reported, plus ``quiet`` seconds for the last of them to stop waiting (unsubscribe).
+
+    A herd shows as a count per hand-off that grows with ``waiting``: every release would wake
+    every waiter to try. Before the release, the waiters are given time to all be blocked:
+    until ``registry`` (a sorted set of waiters, e.g. the lock's waiting processes) has
+    ``waiting`` entries, for at most ``registry_bound`` seconds, then ``settle`` seconds more for
+    the first tries' dust. Returns the delta by command, ``per_handoff`` (all commands over
+    ``waiting``), ``scripts_per_handoff`` (EVALSHA and EVAL), how many acquired, the registry's
+    size at the release and the seconds from release to the last report.
+    """
+    holder = factory(client, name)
+    report: Dict[str, Any] = {"waiting": waiting}
+    with Workers(join_timeout=10.0) as workers:
+        conns = [workers.start(_handoff_commands_worker, url, factory, name, acquire_timeout, hold)
+                 for _ in range(waiting)]
+        for conn in conns:
+            if expect(conn, 120.0, "start") != "ready":
+                raise RuntimeError("hand-off waiter failed to start")
+        if not holder.acquire(10.0):
+            raise RuntimeError(f"holder could not take {name!r}")
+        try:
+            for conn in conns:
+                conn.send("go")
+            for conn in conns:
+                if expect(conn, 60.0, "start waiting") != "waiting":
+                    raise RuntimeError("hand-off waiter sent something unexpected")
+            queued = None
+            if registry is not None:
+                deadline = time.monotonic() + registry_bound
+                while True:
+                    queued = int(client.zcard(registry))
+                    if queued >= waiting or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+            report["queued"] = queued
+            time.sleep(settle)
+            before = command_calls(client)
+        finally:
+            t0 = time.monotonic()
+            holder.release()
+        done = [expect(conn, acquire_timeout + 30.0, "acquire") for conn in conns]
+        report["seconds"] = max(t for _, t in done) - t0
+        time.sleep(quiet)
+        after = command_calls(client)
+    delta = calls_delta(before, after)
+    report["acquired"] = sum(1 for ok, _ in done if ok)
+    report["commands"] = delta
+    report["per_handoff"] = sum(delta.values()) / waiting
+    report["scripts_per_handoff"] = (delta.get("evalsha", 0) + delta.get("eval", 0)) / waiting
+    return report
+
+
+def _handoff_commands_worker(url: str, factory: LockFactory, name: str, acquire_timeout: float,
+                             hold: float, conn: Connection) -> None:
+    client = connect(url)
+    lock = factory(client, name)
+    try:
+        conn.send("ready")
+        if _next_command(conn) != "go":
+            return
+        conn.send("waiting")
+        ok = lock.acquire(acquire_timeout)
+        if ok:
+            time.sleep(hold)
+            lock.release()
+        conn.send((ok, time.monotonic()))
+        _next_command(conn)  # idle (no Redis command) until the parent is done counting
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
+
+
 # --- Redis-side counters ------------------------------------------------------------------------
 
 def command_calls(client: redis.Redis[Any]) -> Dict[str, int]:
@@ -632,7 +734,8 @@ class Row:
     data: Dict[str, Any] = field(default_factory=dict)
 
 
-def _num(value: Optional[float]) -> str:
+def num_text(value: Optional[float]) -> str:
+    """A number for a table cell: "-" when missing, fewer decimals the larger it is."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     mag = abs(value)
@@ -645,7 +748,8 @@ def _num(value: Optional[float]) -> str:
     return f"{value:.3f}"
 
 
-def _ratio(value: Optional[float]) -> str:
+def ratio_text(value: Optional[float]) -> str:
+    """A ratio for a table cell ("1.23x"); empty when missing."""
     if value is None or math.isnan(value):
         return ""
     return f"{value:.2f}x"
@@ -658,14 +762,15 @@ def format_table(rows: Sequence[Row]) -> str:
         first.setdefault(r.figure, i)
     rows = sorted(rows, key=lambda r: first[r.figure])
     header = ("figure", "implementation", "value", "unit", "vs floor", "vs redis-py", "notes")
-    body = [(r.figure, r.impl, _num(r.value), r.unit, _ratio(r.vs_floor), _ratio(r.vs_redis_py), r.note)
-            for r in rows]
+    body = [(r.figure, r.impl, num_text(r.value), r.unit, ratio_text(r.vs_floor),
+             ratio_text(r.vs_redis_py), r.note) for r in rows]
     return text_table(header, body, right={2, 4, 5})
 
 
-def text_table(header: Sequence[str], body: Sequence[Sequence[str]], *, right: Set[int]) -> str:
-    """Aligned columns (those in ``right`` right-justified), a rule under the header, and a
-    blank line wherever the first column changes."""
+def text_table(header: Sequence[str], body: Sequence[Sequence[str]], *, right: Set[int],
+               grouped: bool = True) -> str:
+    """Aligned columns (those in ``right`` right-justified), a rule under the header, and (when
+    ``grouped``) a blank line wherever the first column changes."""
     widths = [max(len(h), *(len(cells[i]) for cells in body)) if body else len(h)
               for i, h in enumerate(header)]
 
@@ -676,7 +781,7 @@ def text_table(header: Sequence[str], body: Sequence[Sequence[str]], *, right: S
     out = [line(header), line(["-" * w for w in widths])]
     previous = None
     for cells in body:
-        if previous is not None and cells[0] != previous:
+        if grouped and previous is not None and cells[0] != previous:
             out.append("")
         previous = cells[0]
         out.append(line(cells))
@@ -713,12 +818,13 @@ def eprint(*args: Any) -> None:
 
 @dataclass(frozen=True)
 class Option:
-    """A command-line option that overrides one field of a file's knobs."""
+    """A command-line option that overrides one field of a file's knobs; a number is raised to
+    ``minimum`` (``None``: the value is taken as ``type`` made it, e.g. a tuple)."""
 
     flag: str
     field: str
     type: Callable[[str], Any]
-    minimum: float
+    minimum: Optional[float]
     help: str
 
 
@@ -734,11 +840,14 @@ def _version(dist: str) -> Optional[str]:
 def bench_main(argv: Optional[List[str]], *, doc: Optional[str], title: str,
                figures: Sequence[str], full: Any, quick: Any, options: Sequence[Option],
                run: Callable[[Any, str, Any, List[str]], List[Row]],
-               versions: Sequence[Tuple[str, str]] = ()) -> int:
+               versions: Sequence[Tuple[str, str]] = (),
+               table: Callable[[Sequence[Row]], str] = format_table) -> int:
     """Parse ``[figure ...] [--quick] [--json PATH] [options]``, start one private server, call
     ``run(client, url, knobs, chosen figures)`` and print its rows as a table (and JSON).
 
     ``versions`` are (label, distribution) pairs reported with the run, e.g. the peers.
+    ``table`` renders the rows for stdout (a file whose rows read better another way, e.g. as
+    a curve, passes its own); the JSON always has the rows themselves.
     """
     import argparse
     import os
@@ -764,7 +873,9 @@ def bench_main(argv: Optional[List[str]], *, doc: Optional[str], title: str,
     for option in options:
         value = getattr(args, option.flag.lstrip("-").replace("-", "_"))
         if value:
-            knobs = replace(knobs, **{option.field: max(option.minimum, value)})
+            if option.minimum is not None:
+                value = max(option.minimum, value)
+            knobs = replace(knobs, **{option.field: value})
 
     started = time.monotonic()
     server = start_server()
@@ -789,16 +900,18 @@ def bench_main(argv: Optional[List[str]], *, doc: Optional[str], title: str,
     print(f"{title}: redis {meta['redis_version']}, {peers}Python {meta['python']}, "
           f"{meta['cpus']} CPUs; {meta['seconds']} s"
           f"{' (--quick: numbers are not meaningful)' if args.quick else ''}")
-    print(format_table(rows))
+    print(table(rows))
     if args.json:
         write_json(args.json, meta, rows)
     return 0
 
 
 def contended_rows(results: Mapping[str, Dict[str, Any]], labels: Sequence[str], ours: Sequence[str],
-                   figure: str, reference: str) -> Tuple[List[Row], List[Row]]:
+                   figure: str, reference: str,
+                   lost_figure: str = "contended lost updates") -> Tuple[List[Row], List[Row]]:
     """The rows of ``contended_throughput``'s ``results``, in the order of ``labels``: ops/s
-    (with the ratio to ``reference`` per round, and the target for ``ours``) and lost updates."""
+    (with the ratio to ``reference`` per round, and the target for ``ours``) and lost updates
+    (as ``lost_figure``)."""
     per_round = {label: res["per_round_ops"] for label, res in results.items()}
     vs_ref = per_round_ratios(per_round, reference) if reference in per_round else {}
     ops: List[Row] = []
@@ -822,8 +935,46 @@ def contended_rows(results: Mapping[str, Dict[str, Any]], labels: Sequence[str],
         if res["timeouts"] or res["release_errors"]:
             note += f", {res['timeouts']} failed acquires, {res['release_errors']} release errors"
         ops.append(Row(figure, label, res["ops_per_s"], "ops/s", None, vs, note, res))
-        lost.append(Row("contended lost updates", label, float(res["lost"]), "updates",
+        lost.append(Row(lost_figure, label, float(res["lost"]), "updates",
                         note=f"target 0: {'met' if res['lost'] == 0 else 'MISSED'}; final counters "
                              f"{res['final']} of {res['increments']}"))
     return ops, lost
 
+
+
+def fairness_rows(results: Mapping[str, Dict[str, Any]], labels: Sequence[str], figure: str,
+                  targets: Mapping[str, float]) -> List[Row]:
+    """One row per label of ``contended_throughput``'s fairness (median over the rounds of the
+    least process' increments over the mean), with the target of the labels in ``targets``
+    (the others are just reported)."""
+    rows: List[Row] = []
+    for label in labels:
+        res = results[label]
+        value = res["fairness"]
+        per_round = res["per_round_fairness"]
+        note = (f"min/mean per round, median of {len(per_round)} rounds; worst round "
+                f"{res['fairness_min']:.2f}; per process {res['per_worker']}")
+        if label in targets:
+            met = not math.isnan(value) and value >= targets[label]
+            note = f"target >= {targets[label]:g}: {'met' if met else 'MISSED'}; " + note
+        rows.append(Row(figure, label, value, "min/mean", note=note,
+                        data={"per_round_fairness": per_round,
+                              "per_round_workers": res["per_round_workers"]}))
+    return rows
+
+
+def versus_rows(results: Mapping[str, Dict[str, Any]], pairs: Mapping[str, str], figure: str) -> List[Row]:
+    """For each ``label -> reference`` of ``pairs`` (both in ``contended_throughput``'s
+    ``results``): the median over the rounds of the label's ops/s over the reference's in the
+    same round, as a row of its own (the value is the ratio)."""
+    per_round = {label: res["per_round_ops"] for label, res in results.items()}
+    rows: List[Row] = []
+    for label, ref in pairs.items():
+        if label not in per_round or ref not in per_round:
+            continue
+        ratios = [v / r for v, r in zip(per_round[label], per_round[ref]) if r]
+        rows.append(Row(figure, label, median(ratios), f"x {ref}",
+                        note=f"ops/s over {ref}'s in the same round: IQR {percentile(ratios, 25):.2f}-"
+                             f"{percentile(ratios, 75):.2f}, median of {len(ratios)} rounds",
+                        data={"per_round_ratio": ratios}))
+    return rows

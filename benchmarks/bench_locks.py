@@ -9,18 +9,26 @@ redis-server on 127.0.0.1:
   and the client process' CPU time per acquire + release, as a ratio to the floor's CPU time;
 - handoff: from the start of ``release()`` here to the return of ``acquire()`` in another
   process that was blocked on it (median and p99);
-- contended: 4 processes doing GET/SET of a counter under the lock for a fixed time: ops/s and
-  lost updates;
+- contended: 4 processes, then 16, doing GET/SET of a counter under the lock for a fixed time,
+  in 5 interleaved rounds: ops/s (and the ratio to redis-py's in the same round), lost updates,
+  and fairness: per round, the least process' increments over the mean of the processes (the
+  median over the rounds; targets: default locks >= 0.8, fair locks >= 0.95, peers reported);
+  the fair locks' ops/s are also reported against the default lock of their kind;
+- herd: Redis commands (INFO commandstats) and EVALSHA per hand-off while 1, 10 or 50 processes
+  wait on a lock and each takes it once after this process releases it (flat: the 50-process
+  figure at most 1.25 x the 1-process one);
 - idle: Redis commands/s (INFO commandstats, where the commands a script runs count too)
   while 10 threads of one process wait on a lock held elsewhere;
 - connections: Redis connections of one process whose 10 or 100 threads wait on 10 locks.
 
 Usage::
 
-    python benchmarks/bench_locks.py [--quick] [--json out.json] [figure ...]
+    python benchmarks/bench_locks.py [--quick] [--json out.json] [--contended-rounds N] [figure ...]
 
-Figures: floor, uncontended, handoff, contended, idle, connections (default: all). The table
-goes to stdout, progress to stderr. ``--quick`` is a short smoke run whose numbers mean little.
+Figures: floor, uncontended, handoff, contended, herd, idle, connections (default: all). The
+table goes to stdout, progress to stderr. ``--quick`` is a short smoke run whose numbers mean
+little (its contended runs have 2 and 4 processes, its herd 1 and 5). The yield rule's
+fairness/throughput curve is ``benchmarks/bench_fairness.py``.
 """
 
 from __future__ import annotations
@@ -30,13 +38,15 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``distlock`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
 from distlock import DistLock, DistRLock  # noqa: E402
+from distlock._config import settings  # noqa: E402
+from distlock._logic import Keys  # noqa: E402
 
 try:
     import redis_lock
@@ -47,7 +57,7 @@ try:
 except ImportError:  # pragma: no cover
     pottery = None
 
-FIGURES = ("floor", "uncontended", "handoff", "contended", "idle", "connections")
+FIGURES = ("floor", "uncontended", "handoff", "contended", "herd", "idle", "connections")
 
 
 # --- the implementations: module-level factories, so spawned workers can unpickle them ------------
@@ -125,8 +135,11 @@ class Knobs:
     handoff_slow_samples: int = 60  # the polling peers (redis-py Lock, pottery)
     handoff_slow_max_s: float = 12.0
     contended_procs: int = 4
+    contended_procs_many: int = 16  # the second contended run: throughput and fairness
     contended_s: float = 1.0
-    contended_rounds: int = 7
+    contended_rounds: int = 5
+    herd_waiting: Tuple[int, ...] = (1, 10, 50)  # waiting processes of the commands-per-hand-off figure
+    herd_settle_s: float = 0.5
     idle_threads: int = 10
     idle_settle_s: float = 2.0
     idle_window_s: float = 5.0
@@ -138,8 +151,9 @@ class Knobs:
 
 FULL = Knobs()
 QUICK = Knobs(rounds=3, ops=20, uncontended_max_s=10.0, handoff_samples=8, handoff_max_s=2.0,
-              handoff_slow_samples=4, handoff_slow_max_s=1.5, contended_procs=2, contended_s=0.3,
-              contended_rounds=2,
+              handoff_slow_samples=4, handoff_slow_max_s=1.5, contended_procs=2,
+              contended_procs_many=4, contended_s=0.3, contended_rounds=2, herd_waiting=(1, 5),
+              herd_settle_s=0.3,
               idle_settle_s=0.5, idle_window_s=1.0, conn_settle_s=0.5, conn_stagger_s=0.0)
 
 
@@ -229,20 +243,86 @@ def handoff(ctx: Ctx) -> List[C.Row]:
     return rows
 
 
+#: fairness targets of the contended figure (min/mean increments per process); peers: reported
+FAIRNESS_TARGETS = {"DistLock": 0.8, "DistRLock": 0.8, "DistLock fair": 0.95, "DistRLock fair": 0.95}
+#: what a fair lock's contended throughput is reported against: the default lock of its kind
+FAIR_VS_DEFAULT = {"DistLock fair": "DistLock", "DistRLock fair": "DistRLock"}
+
+
 def contended(ctx: Ctx) -> List[C.Row]:
+    """Two runs, ``contended_procs`` (4) and ``contended_procs_many`` (16) processes: each
+    gives ops/s (and the ratio to redis-py in the same rounds), fairness, the fair locks' ops/s
+    against the default lock's, and lost updates; each figure of the first run first."""
     k = ctx.knobs
     chosen = impls("distlock", "distrlock", "distlock_fair", "distrlock_fair", "redis_py",
                    "python_redis_lock", "pottery")
+    runs = [contended_run(ctx, chosen, procs) for procs in (k.contended_procs, k.contended_procs_many)]
+    rows: List[C.Row] = []
+    for figure in range(len(runs[0])):  # ops/s of both runs, then fairness of both, ...
+        for run in runs:
+            rows += run[figure]
+    return rows
+
+
+def contended_run(ctx: Ctx, chosen: List[Impl], procs: int) -> List[List[C.Row]]:
+    """One interleaved ``contended_throughput`` run with ``procs`` processes per candidate: its
+    ops/s rows, fairness rows, fair-vs-default rows and lost-update rows (in that order)."""
+    k = ctx.knobs
     C.eprint(f"contended: {len(chosen)} candidates x {k.contended_rounds} rounds x "
-             f"{k.contended_procs} processes x {k.contended_s:g} s, round-robin")
+             f"{procs} processes x {k.contended_s:g} s, round-robin")
     results = C.contended_throughput(
         ctx.client, ctx.url,
-        {impl.label: (impl.factory, f"bench:contended:{impl.key}", f"bench:counter:{impl.key}")
+        {impl.label: (impl.factory, f"bench:contended:{procs}:{impl.key}",
+                      f"bench:counter:{procs}:{impl.key}")
          for impl in chosen},
-        procs=k.contended_procs, seconds=k.contended_s, rounds=k.contended_rounds)
-    ops, lost = C.contended_rows(results, [impl.label for impl in chosen], ("DistLock", "DistRLock"),
-                                 "contended ops/s", REDIS_PY)
-    rows = [row for pair in zip(ops, lost) for row in pair]
+        procs=procs, seconds=k.contended_s, rounds=k.contended_rounds)
+    labels = [impl.label for impl in chosen]
+    # the ">= redis-py" target is the 4-process figure's; the 16-process one is reported
+    ours = ("DistLock", "DistRLock") if procs == k.contended_procs else ()
+    ops, lost = C.contended_rows(results, labels, ours, f"contended ops/s, {procs} processes", REDIS_PY,
+                                 lost_figure=f"contended lost updates, {procs} processes")
+    fair = C.fairness_rows(results, labels, f"fairness, {procs} processes", FAIRNESS_TARGETS)
+    versus = C.versus_rows(results, FAIR_VS_DEFAULT,
+                           f"fair-lock contended ops/s vs the default lock, {procs} processes")
+    return [ops, fair, versus, lost]
+
+
+def herd(ctx: Ctx) -> List[C.Row]:
+    """Redis commands per hand-off while 1, 10 or 50 processes wait (``C.handoff_commands``):
+    a lock that wakes every waiter on each release costs more per hand-off the more wait; one
+    that wakes one process keeps the count flat."""
+    k = ctx.knobs
+    rows: List[C.Row] = []
+    few, many = min(k.herd_waiting), max(k.herd_waiting)
+    for impl in impls("distlock", "distrlock", "distlock_fair", "distrlock_fair"):
+        figures: Dict[int, float] = {}
+        for waiting in sorted(k.herd_waiting):
+            C.eprint(f"herd: {impl.label}, {waiting} waiting processes")
+            name = f"bench:herd:{impl.key}:{waiting}"
+            # the lock's waiter registry: one entry per waiting process (default locks), one
+            # per waiter (fair locks); with one thread a process, both are ``waiting`` when all wait
+            keys = Keys(settings().prefix, name)
+            registry = keys.sub("fq") if impl.key.endswith("_fair") else keys.queue
+            res = C.handoff_commands(ctx.client, ctx.url, impl.factory, name, waiting=waiting,
+                                     registry=registry, settle=k.herd_settle_s)
+            per = res["per_handoff"]
+            figures[waiting] = per
+            top = ", ".join(f"{cmd} {n}" for cmd, n in list(res["commands"].items())[:4]) or "none"
+            note = (f"{res['scripts_per_handoff']:.2f} EVALSHA/hand-off, "
+                    f"{res['commands'].get('publish', 0) / waiting:.2f} PUBLISH/hand-off; {top}; "
+                    f"{res['seconds'] * 1000:.0f} ms for all")
+            if res["queued"] is not None and res["queued"] < waiting:
+                note += f"; only {res['queued']} of {waiting} in the registry at the release"
+            if res["acquired"] != waiting:
+                note += f"; {waiting - res['acquired']} waiters did not get the lock (INVALID)"
+            if waiting == many and few in figures and many != few:
+                flat = per <= 1.25 * figures[few]
+                note = (f"flat (<= 1.25 x the {few}-process figure): {'met' if flat else 'MISSED'}"
+                        f"; " + note)
+            rows.append(C.Row(f"commands per hand-off, {waiting} waiting processes", impl.label,
+                              per, "cmd", note=note, data=res))
+    order = [f"commands per hand-off, {n} waiting processes" for n in sorted(k.herd_waiting)]
+    rows.sort(key=lambda r: order.index(r.figure))
     return rows
 
 
@@ -347,6 +427,8 @@ def _run(client: Any, url: str, knobs: Knobs, figures: List[str]) -> List[C.Row]
         rows += handoff(ctx)
     if "contended" in figures:
         rows += contended(ctx)
+    if "herd" in figures:
+        rows += herd(ctx)
     if "idle" in figures:
         rows += idle(ctx)
     if "connections" in figures:
@@ -359,7 +441,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         argv, doc=__doc__, title="distlock benchmarks", figures=FIGURES, full=FULL, quick=QUICK,
         options=(C.Option("--rounds", "rounds", int, 1, "uncontended: rounds (default 40; quick 3)"),
                  C.Option("--ops", "ops", int, 1,
-                          "uncontended: ops per candidate per round (200; quick 20)")),
+                          "uncontended: ops per candidate per round (200; quick 20)"),
+                 C.Option("--contended-rounds", "contended_rounds", int, 1,
+                          "contended: interleaved rounds per run (5; quick 2)")),
         run=_run,
         versions=(("redis-py", "redis"), ("python-redis-lock", "python-redis-lock"),
                   ("pottery", "pottery")))
