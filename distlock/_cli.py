@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="benchmark distlock on a private Redis Cluster (bench_cluster.py; "
                             "figures: commands, spread, handoff, watchdog)")
     bench.add_argument("figures", nargs="*", metavar="FIGURE",
-                       help="floor, uncontended, handoff, contended, idle, connections")
+                       help="floor, uncontended, handoff, contended, herd, idle, connections")
     return parser
 
 

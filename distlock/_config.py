@@ -21,7 +21,7 @@ from ._logic import check_retention, check_seconds
 from ._replicas import DEFAULT_REPLICA_TIMEOUT, check_min_replicas, check_replica_timeout
 
 #: ``Settings.barge_limit``'s default, seconds: see docs/guides/locks.rst, "Even shares"
-DEFAULT_BARGE_LIMIT = 0.1
+DEFAULT_BARGE_LIMIT = 0.05
 
 __all__ = ["Settings", "configure", "settings", "resolve_client", "ClientArg"]
 
@@ -51,10 +51,11 @@ class Settings:
       made without its own ``min_replicas`` (0: none, nothing is waited for); and
       ``replica_timeout``: how long a grant waits for them, in seconds (0.5). See
       docs/guides/replicas.rst.
-    - ``barge_limit``: how long a waiter of a default (not fair) DistLock or DistRLock may be
-      passed over by processes that take the lock again and again before the lock is kept
-      for it at the next release, in seconds (0.02); 0: at every release someone waits for;
-      ``math.inf``: never (pure barging). See docs/guides/locks.rst, "Even shares".
+    - ``barge_limit``: about how long one round of the processes contending for a default
+      (not fair) DistLock or DistRLock lasts, in seconds (0.05): each process that got the lock
+      by waiting keeps it for this over the number of processes taking turns, then yields it to
+      the one that has waited longest; 0: it yields at every contended release; ``math.inf``:
+      never (pure barging). See docs/guides/locks.rst, "Even shares under contention".
     """
 
     prefix: str = "distlock:"

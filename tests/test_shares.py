@@ -18,6 +18,7 @@ from _procs import recv
 from _shares_workers import hog, share, take_once
 
 import distlock
+import distlock.asyncio as adistlock
 from distlock import _config
 from distlock._config import client_from_url
 from distlock._lock import session_of
@@ -272,6 +273,29 @@ def test_commands_per_hand_off_stay_flat(url: str, client: Any, children: Any, k
     # a herd would grow with the waiting processes: every woken one would try
     assert figures[50][1] <= figures[1][1] + 0.5 and figures[10][1] <= figures[1][1] + 0.5
     assert figures[50][0] <= figures[1][0] * 1.25 and figures[10][0] <= figures[1][0] * 1.25
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_an_asyncio_waiter_gets_its_turn_too(url: str, client: Any, children: Any, aio: Any,
+                                             kind: str) -> None:
+    """The rule is the engine's, so a task waiting in the asyncio shell gets its turn from a
+    process that keeps taking the lock, as a thread does."""
+    name = f"ahog-{kind}"
+    conn = children.start(hog, url, name, kind, 200_000, 60.0)
+    assert recv(conn, 60) == "started"
+
+    async def turn() -> bool:
+        lock = getattr(adistlock, kind)(name, client=url)
+        got = await lock.acquire(timeout=60)
+        if got:
+            await lock.release()
+        return bool(got)
+
+    assert aio.run(turn(), bound=90)
+    conn.send("stop")
+    ops, stopped = recv(conn, 90)
+    assert stopped, f"the loop ended by its bound ({ops} operations) before the task got the lock"
 
 
 @pytest.mark.real_redis
