@@ -11,10 +11,12 @@ from distlock._config import client_from_url
 
 
 def queue_threads(url: str, name: str, kind: str, n: int, grants: str,
-                  wait_cap: Optional[float], conn: Any) -> None:
-    """Start ``n`` threads that each take the fair lock ``name`` once: inside, they push the
-    nonce of the wait the lock was granted to (the hash's ':n') on the list ``grants``, then
-    release. Report how many got it, once all are done."""
+                  wait_cap: Optional[float], conn: Any, fair: bool = True) -> None:
+    """Start ``n`` threads that each take the lock ``name`` (fair, unless ``fair`` is False)
+    once: inside, they push the nonce of the wait the lock was granted to (the hash's ':n') on
+    the list ``grants`` (when one is named), then release. Report how many got it, once all
+    are done; linger a moment, as a service would (a default lock's release in its quantum
+    has its watchdog wake the next waiter a moment later)."""
     if wait_cap is not None:
         distlock.configure(wait_cap=wait_cap)
     cls = {"DistLock": distlock.DistLock, "DistRLock": distlock.DistRLock}[kind]
@@ -23,9 +25,10 @@ def queue_threads(url: str, name: str, kind: str, n: int, grants: str,
     got: List[bool] = []
 
     def one() -> None:
-        lock = cls(name, client=client, fair=True)
+        lock = cls(name, client=client, fair=fair)
         if lock.acquire(timeout=300):
-            client.rpush(grants, client.hget(lock_key, ":n") or b"?")
+            if grants:
+                client.rpush(grants, client.hget(lock_key, ":n") or b"?")
             lock.release()
             got.append(True)
 
@@ -36,6 +39,7 @@ def queue_threads(url: str, name: str, kind: str, n: int, grants: str,
     for thread in threads:
         thread.join()
     conn.send(len(got))
+    time.sleep(0.2)
 
 
 def wait_and_hold(url: str, name: str, conn: Any) -> None:

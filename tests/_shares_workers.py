@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import Any, List
+from typing import Any, Optional
+
+from _fair_workers import queue_threads
 
 import distlock
 from distlock._config import client_from_url
@@ -52,24 +53,6 @@ def share(url: str, name: str, kind: str, counter: str, total: int, conn: Any) -
     conn.send(mine)
 
 
-def take_once(url: str, name: str, kind: str, n: int, conn: Any) -> None:
-    """``n`` threads each take ``name`` once (blocking) and release it; report how many did.
-    The process lingers a moment after, as a service would: its watchdog wakes the next waiter
-    when its release was made in its quantum."""
-    client = client_from_url(url)
-    got: List[bool] = []
-
-    def one() -> None:
-        lock = KINDS[kind](name, client=client)
-        if lock.acquire(timeout=300):
-            lock.release()
-            got.append(True)
-
-    threads = [threading.Thread(target=one) for _ in range(n)]
-    for thread in threads:
-        thread.start()
-    conn.send("started")
-    for thread in threads:
-        thread.join()
-    conn.send(len(got))
-    time.sleep(0.5)
+def take_once(url: str, name: str, kind: str, n: int, wait_cap: Optional[float], conn: Any) -> None:
+    """``n`` threads each take the default lock ``name`` once (see _fair_workers.queue_threads)."""
+    queue_threads(url, name, kind, n, "", wait_cap, conn, fair=False)

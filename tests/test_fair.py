@@ -391,46 +391,6 @@ def test_a_hand_off_to_a_killed_waiter_is_stranded_at_most_its_entry_lease(
     doomed.close()
 
 
-def test_commands_per_hand_off_stay_flat(url: str, client: Any, children: Any) -> None:
-    """No herd: each hand-off publishes to one process, and costs the same few commands
-    whether 1, 10 or 50 processes wait (their bounded re-checks are set far apart here).
-    Counted on the server (INFO commandstats, which counts the commands scripts run too)."""
-    figures = {}
-    for round_, processes in enumerate([1, 10, 50]):
-        name, grants = f"herd{round_}", f"test:fair:herd{round_}"
-        k = keys(name)
-        holder = distlock.DistLock(name, client=client, fair=True)
-        assert holder.acquire()
-        conns = [children.start(queue_threads, url, name, "DistLock", 1, grants, 60.0)
-                 for _ in range(processes)]
-        for conn in conns:
-            assert recv(conn, 120) == "started"
-        queued(client, k["order"], processes, bound=120)
-        time.sleep(0.5)  # the first tries' dust settles
-        before = _commands(client)
-        holder.release()
-        assert sum(recv(conn, 120) for conn in conns) == processes
-        time.sleep(0.6)  # the last unsubscribes
-        after = _commands(client)
-        delta = {cmd: after.get(cmd, 0) - before.get(cmd, 0) for cmd in after}
-        delta.pop("info", None)
-        # one PUBLISH per hand-off, to one process (and one wake-up when the queue empties)
-        assert processes <= delta.get("publish", 0) <= processes + 1, delta
-        figures[processes] = (sum(delta.values()) / processes, delta.get("evalsha", 0) / processes)
-        for conn in conns:
-            conn.close()
-    print("commands per hand-off (all, scripts) by waiting processes:",
-          {n: (round(a, 1), round(e, 1)) for n, (a, e) in figures.items()})
-    # a herd would grow with the waiting processes: every woken one would try
-    assert figures[50][1] <= figures[1][1] + 0.5 and figures[10][1] <= figures[1][1] + 0.5
-    assert figures[50][0] <= figures[1][0] * 1.25 and figures[10][0] <= figures[1][0] * 1.25
-
-
-def _commands(client: Any) -> Dict[str, int]:
-    stats = client.info("commandstats")
-    return {name.split("_", 1)[1]: int(v["calls"]) for name, v in stats.items()}
-
-
 # --- asyncio ---------------------------------------------------------------------------------
 
 def test_asyncio_fair_locks_queue_with_threads(url: str, client: Any, aio: Any) -> None:
