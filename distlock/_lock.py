@@ -251,19 +251,20 @@ class _LockBase(SessionUser):
         if self._fair:
             return (yield from fair_release(self, hold, count))
         args: Tuple[Any, ...] = (hold.owner, hold.token)
-        keep = self._shares and settings().barge_limit < math.inf
-        if keep:
-            keep = hold.session.runs.keeps(hold.key, time.monotonic())
+        shares = self._shares and settings().barge_limit < math.inf
+        keep = False
+        now = 0.0
+        if shares:
+            now = time.monotonic()
+            keep = hold.session.runs.keeps(hold.key, now)
             args += (count, KEEP if keep else YIELD)
         elif count != 1:
             args += (count,)
         left = int((yield (RUN, "lock_release", (self._keys.lock, self._keys.queue), args)))
-        if keep and left == 0:
+        if shares and left == 0 and hold.session.runs.released(hold.key, now, keep):
             # in its quantum: nobody was woken; unless this process takes the lock again
             # first, the next waiter is woken soon (_shares)
-            now = time.monotonic()
-            if hold.session.runs.released(hold.key, now):
-                hold.session.defer_at(now + NUDGE_AFTER, functools.partial(_nudge, self._keys, hold.session))
+            hold.session.defer_at(now + NUDGE_AFTER, functools.partial(_nudge, self._keys, hold.session))
         return left
 
     def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> Flow[bool]:
@@ -319,7 +320,7 @@ class _LockBase(SessionUser):
                 raise TypeError(FAIR_REPLICAS)
             return (yield from first_try(self, session, owner, ms, count))
         if self._shares:
-            session.runs.touch(self._keys.lock)
+            session.runs.touch(self._keys.lock, time.monotonic())
         return (yield from self._call_acquire(session, owner, ms, count, ""))
 
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:

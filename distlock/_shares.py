@@ -5,14 +5,17 @@ back (barging): a re-take costs one round trip, where handing the lock to a wait
 process costs a pub/sub hop and a round trip there. Barging alone starves waiters. The yield
 rule keeps most of its speed and shares the lock out evenly:
 
-- a process that got the lock by waiting for it starts a *quantum*: ``barge_limit``
+- a process that got the lock by waiting for it, and that came straight back for the lock
+  after its last release (within ``COMEBACK``: it loops), starts a *quantum*: ``barge_limit``
   (``Settings.barge_limit``, L) over the number of processes taking turns (n; the yielding
   release counts them and tells the process it yields to: a ``y<n>`` hint). Within it, its
   releases free the lock without waking anyone (``lock_release`` with KEEP): it is about to
   take the lock again, and a woken waiter would only lose that race. If it has not tried to
   take the lock again ``NUDGE_AFTER`` after such a release, its watchdog thread wakes the
   next waiting process then (``lock_nudge``);
-- once its quantum is over (or if it never waited), its release yields (YIELD): the lock is
+- once its quantum is over (or if it never waited, or does not loop: a process that takes the
+  lock once and goes, whose quantum would only make the next waiter wait for the nudge), its
+  release yields (YIELD): the lock is
   kept for the longest-registered waiting process for a moment, and only that process is told
   (``free_hold`` in ``lua/_prelude.lua``). That process' quantum starts when it takes it.
 
@@ -25,9 +28,10 @@ clock is ``time.monotonic()``, read by this process only.
 
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional
 
-__all__ = ["Runs", "KEEP", "YIELD", "NUDGE_AFTER", "quantum"]
+__all__ = ["Runs", "KEEP", "YIELD", "NUDGE_AFTER", "COMEBACK", "quantum"]
 
 #: lock_release's ARGV[4]: free without waking anyone (in a quantum), or yield (after one)
 KEEP, YIELD = "k", "y"
@@ -37,6 +41,10 @@ KEEP, YIELD = "k", "y"
 #: short against the hop a woken waiter then needs
 NUDGE_AFTER = 0.001
 
+#: a process that tries to take the lock again within this long after its release loops: its
+#: next turn gets a quantum (seconds)
+COMEBACK = 0.005
+
 #: the number of processes taking turns assumed when a process got the lock without a
 #: ``y<n>`` hint (a nudge, or a bounded re-check, woke it)
 TURNS = 2
@@ -45,7 +53,7 @@ TURNS = 2
 MOST = 256
 
 # the fields of one name's entry in ``Runs``
-_END, _EPOCH, _RELEASED_EPOCH, _RELEASED_AT, _PENDING = range(5)
+_END, _EPOCH, _RELEASED_EPOCH, _RELEASED_AT, _PENDING, _LOOPS = range(6)
 
 
 def quantum(limit: float, turns: int) -> float:
@@ -55,7 +63,8 @@ def quantum(limit: float, turns: int) -> float:
 
 class Runs:
     """This process' quanta, per lock key: when its quantum ends, how many times it has tried
-    to take the lock (its *epoch*), and its last release in a quantum (for ``nudge``)."""
+    to take the lock (its *epoch*), its last release (for ``nudge``), and whether it came
+    straight back after it (it loops)."""
 
     __slots__ = ("_runs",)
 
@@ -63,7 +72,8 @@ class Runs:
         self._runs: Dict[str, List[float]] = {}
 
     def start(self, key: str, now: float, quantum: float) -> None:
-        """A wait for ``key`` was granted at ``now``: a quantum starts (see ``quantum``).
+        """A wait for ``key`` was granted at ``now``: a quantum of ``quantum`` seconds starts,
+        if this process loops (none for a first turn: it is yet to show that it does).
         Entries long past mean nothing any more; they are dropped when the table is full, so
         that it stays small whatever the number of names."""
         runs = self._runs
@@ -72,31 +82,34 @@ class Runs:
                 del runs[old]
             if len(runs) >= MOST:
                 runs.clear()
-        end = now + quantum
         run = runs.get(key)
         if run is None:
-            runs[key] = [end, 0.0, -1.0, 0.0, 0.0]
+            runs[key] = [now, 0.0, -1.0, -math.inf, 0.0, 0.0]
         else:
-            run[_END] = end
+            run[_END] = now + quantum if run[_LOOPS] else now
 
     def keeps(self, key: str, now: float) -> bool:
         """Is this process in its quantum for ``key``: may its release keep the lock to itself?"""
         run = self._runs.get(key)
         return run is not None and now < run[_END]
 
-    def touch(self, key: str) -> None:
-        """This process tries to take ``key`` (a first try): a new epoch."""
+    def touch(self, key: str, now: float) -> None:
+        """This process tries to take ``key`` at ``now`` (a first try): a new epoch; it loops
+        if that is within ``COMEBACK`` of its last release."""
         run = self._runs.get(key)
         if run is not None:
             run[_EPOCH] += 1
+            run[_LOOPS] = 1.0 if now - run[_RELEASED_AT] < COMEBACK else 0.0
 
-    def released(self, key: str, now: float) -> bool:
-        """This process released ``key`` in its quantum at ``now``, waking nobody. True when a
-        ``nudge`` must be scheduled (none is pending)."""
-        run = self._runs[key]
+    def released(self, key: str, now: float, kept: bool) -> bool:
+        """This process released ``key`` at ``now`` (``kept``: in its quantum, waking nobody).
+        True when a ``nudge`` must be scheduled (kept, and none is pending)."""
+        run = self._runs.get(key)
+        if run is None:
+            return False
         run[_RELEASED_EPOCH] = run[_EPOCH]
         run[_RELEASED_AT] = now
-        if run[_PENDING]:
+        if not kept or run[_PENDING]:
             return False
         run[_PENDING] = 1.0
         return True

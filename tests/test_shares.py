@@ -24,7 +24,7 @@ from distlock import _config
 from distlock._config import client_from_url
 from distlock._lock import session_of
 from distlock._pubsub import wake_count, yield_turns
-from distlock._shares import NUDGE_AFTER, TURNS, Runs, quantum
+from distlock._shares import COMEBACK, NUDGE_AFTER, TURNS, Runs, quantum
 
 _names = itertools.count(1)
 
@@ -62,7 +62,15 @@ def test_a_quantum_is_the_limit_shared_by_the_processes_taking_turns() -> None:
     runs = Runs()
     assert not runs.keeps("k", 0.0)  # never waited: it yields at once
     runs.start("k", 100.0, 0.025)
-    assert runs.keeps("k", 100.0249) and not runs.keeps("k", 100.0251)
+    assert not runs.keeps("k", 100.0)  # a first turn: yet to show that it loops
+    runs.released("k", 100.001, False)
+    runs.touch("k", 100.001 + COMEBACK / 2)  # came straight back: it loops
+    runs.start("k", 100.1, 0.025)
+    assert runs.keeps("k", 100.1249) and not runs.keeps("k", 100.1251)
+    runs.released("k", 100.2, True)
+    runs.touch("k", 100.2 + COMEBACK * 2)  # came back late: its next turn yields at once
+    runs.start("k", 100.3, 0.025)
+    assert not runs.keeps("k", 100.3)
 
 
 @pytest.mark.parametrize("hint, turns, wakes", [("y4", 4, 1), ("y1", 1, 1), ("y0", 1, 1), ("1", 0, 1),
@@ -73,13 +81,15 @@ def test_a_yield_hint_wakes_one_waiter_and_counts_the_turns(hint: str, turns: in
 
 def test_a_nudge_is_due_only_when_the_process_did_not_try_again() -> None:
     runs = Runs()
+    assert not runs.released("k", 0.0, True)  # no turn of its own: nothing to do
     runs.start("k", 0.0, 1.0)
-    assert runs.released("k", 0.1)  # schedule one
-    assert not runs.released("k", 0.1005)  # one is pending: no second
+    assert not runs.released("k", 0.05, False)  # a yield woke someone already
+    assert runs.released("k", 0.1, True)  # schedule one
+    assert not runs.released("k", 0.1005, True)  # one is pending: no second
     assert runs.nudge("k", 0.1 + NUDGE_AFTER) == pytest.approx(0.1005 + NUDGE_AFTER)  # later
     assert runs.nudge("k", 0.1005 + NUDGE_AFTER) == 0.0  # due: wake someone now
-    assert runs.released("k", 0.2)
-    runs.touch("k")  # tried to take it again: nothing to do
+    assert runs.released("k", 0.2, True)
+    runs.touch("k", 0.2001)  # tried to take it again: nothing to do
     assert runs.nudge("k", 0.2 + NUDGE_AFTER) is None
     assert Runs().nudge("k", 1.0) is None
 
@@ -89,7 +99,7 @@ def test_runs_stay_small_whatever_the_number_of_names() -> None:
     for i in range(5000):
         runs.start(f"k{i}", float(i) * 2, 0.1)
     assert len(runs) <= 256
-    assert runs.keeps("k4999", 9998.05)
+    assert runs.released("k4999", 9998.05, True)  # the latest is kept
 
 
 # --- configure --------------------------------------------------------------------------------
