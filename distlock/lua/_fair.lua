@@ -32,8 +32,8 @@ end
 -- The hold's lease is the entry's own time left (at most its lease): a hold handed to a waiter
 -- that died is stranded no longer than its entry would have lived; the waiter's process
 -- lengthens it within 5 ms. The caller itself (`me`, a try of the head) gets `my_lease` in
--- full and no message. Returns the token when the caller got it, 0 when someone else did, -1 when
--- nobody live is queued (the queue is then gone).
+-- full and no message. Returns the token when the caller got it, 0 when someone else did, -1
+-- when nobody live is queued (the queue is then gone).
 local function fair_hand_off(hash, fence, fq, fd, fe, q, now, retention, me, my_lease)
   local dead = redis.call('zrangebyscore', fd, '-inf', now, 'limit', 0, 200)
   for _, nonce in ipairs(dead) do

@@ -119,20 +119,27 @@ local function register_waiter(queue, channel, ms)
   return now
 end
 
---@ helper wake_one uses now_ms
+--@ helper pop_waiter uses now_ms
+-- pop_waiter(queue): take the longest-registered live waiting process off the registry (the
+-- dead ones, past their deadline, go first); its wake-up channel, or nil when none is left.
+local function pop_waiter(queue)
+  redis.call('zremrangebyscore', queue, '-inf', now_ms())
+  return redis.call('zpopmin', queue)[1]
+end
+
+--@ helper wake_one uses pop_waiter
 -- wake_one(queue): hint the longest-registered live waiting process, and take it off the
 -- registry (its waiter registers again if it loses the race for the lock). 1 if there was one.
 local function wake_one(queue)
-  redis.call('zremrangebyscore', queue, '-inf', now_ms())
-  local first = redis.call('zpopmin', queue)
-  if first[1] then
-    redis.call('publish', first[1], '1')
+  local first = pop_waiter(queue)
+  if first then
+    redis.call('publish', first, '1')
     return 1
   end
   return 0
 end
 
---@ helper free_hold uses now_ms wake_one
+--@ helper free_hold uses pop_waiter wake_one
 -- free_hold(hash, queue, waited, how): a plain hold of an exclusive lock ends (its last
 -- release, a condition's wait, an undone try): free it, and when it was waited on (`waited`,
 -- its ':w'), wake the longest-registered waiting process. `how` (distlock/_shares.py): 'k',
@@ -152,11 +159,10 @@ local function free_hold(hash, queue, waited, how)
     wake_one(queue)
     return
   end
-  redis.call('zremrangebyscore', queue, '-inf', now_ms())
-  local first = redis.call('zpopmin', queue)
-  if first[1] then
-    redis.call('hset', hash, ':r', first[1], ':w', 1)
+  local first = pop_waiter(queue)
+  if first then
+    redis.call('hset', hash, ':r', first, ':w', 1)
     redis.call('pexpire', hash, 250)
-    redis.call('publish', first[1], 'y' .. tostring(redis.call('zcard', queue) + 2))
+    redis.call('publish', first, 'y' .. tostring(redis.call('zcard', queue) + 2))
   end
 end

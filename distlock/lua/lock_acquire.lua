@@ -56,7 +56,7 @@ if KEYS[4] then
 else
   present = redis.call('exists', KEYS[1], KEYS[3])
 end
-local kept = nil  -- the hash that kept the lock for the caller's process (free_hold)
+local kept = false  -- the lock was kept for the caller's process (free_hold)
 if present > 0 then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
@@ -77,7 +77,7 @@ if present > 0 then
         end
         return held_reply(KEYS[1], pttl)
       end
-      kept = h
+      kept = true
     else
       redis.call('hset', KEYS[1], ':w', 1)
       return held_reply(KEYS[1], pttl)
