@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import selectors
 import subprocess
@@ -9,6 +10,8 @@ import time
 from typing import Any, Callable, List, Tuple
 
 import redis
+
+from distlock._config import client_from_url
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 20.0
@@ -53,12 +56,25 @@ def settle(check: Callable[[], Any], bound: float) -> bool:
     return True
 
 
-def until(check: Callable[[], Any], bound: float = BOUND) -> None:
-    """Wait until ``check()`` is true; fail the test after ``bound`` seconds."""
+def until(check: Callable[[], Any], bound: float = BOUND, what: str = "condition") -> None:
+    """Wait until ``check()`` is true; fail the test after ``bound`` seconds (``what``: what
+    the failure names)."""
     deadline = time.monotonic() + bound
     while not check():
-        assert time.monotonic() < deadline, "condition not reached within the bound"
+        assert time.monotonic() < deadline, f"{what} not reached within {bound} s"
         time.sleep(0.02)
+
+
+_other_names = itertools.count(1)
+
+
+def other_client(url: str) -> Any:
+    """A client of ``url`` with a session of its own: another process, as far as distlock can
+    tell (each gets a client name of its own; a Cluster client always has a session of its
+    own)."""
+    if url.startswith("redis+cluster://"):
+        return client_from_url(url)
+    return redis.Redis.from_url(url, client_name=f"other-{next(_other_names)}")
 
 
 def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:

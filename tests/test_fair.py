@@ -7,7 +7,7 @@ Every test runs on real servers (``url``): other processes, SIGKILL and pub/sub 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import functools
 import os
 import random
 import signal
@@ -16,47 +16,32 @@ import time
 from typing import Any, Dict, List
 
 import pytest
-import redis
 from _fair_workers import queue_threads, wait_and_hold
 from _procs import recv
+from _support import other_client as other
+from _support import until as support_until
 
 import distlock
 import distlock.asyncio as adistlock
-from distlock._config import client_from_url
 from distlock._fairlogic import entry_lease_ms
 from distlock._lock import session_of
 from distlock._session import reset_sessions
 
 pytestmark = pytest.mark.real_redis
 
-_names = itertools.count(1)
-
-
-def other(url: str) -> Any:
-    """A client with a session of its own: another process, as far as distlock can tell (a
-    Cluster client always has one)."""
-    if url.startswith("redis+cluster://"):
-        return client_from_url(url)
-    return redis.Redis.from_url(url, client_name=f"fair-{next(_names)}")
-
-
 def keys(name: str) -> Dict[str, str]:
     tag = f"distlock:{{{name}}}"
     return {"lock": tag, "order": tag + ":fq", "deadlines": tag + ":fd", "entries": tag + ":fe"}
 
 
-def until(predicate: Any, bound: float = 30.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true; fail after a generous ``bound``."""
-    end = time.monotonic() + bound
-    while not predicate():
-        assert time.monotonic() < end, f"no {what} within {bound} s"
-        time.sleep(0.01)
+#: the fair tests' bound on anything that should come quickly: 30 s
+until = functools.partial(support_until, bound=30.0)
 
 
 def queued(client: Any, order: str, n: int, alive: Any = None, bound: float = 30.0) -> None:
     """Wait until ``n`` waiters queue in ``order`` (or the thread ``alive`` ended)."""
     until(lambda: client.zcard(order) >= n or (alive is not None and not alive.is_alive()),
-          bound, f"{n} queued waiters")
+          bound=bound, what=f"{n} queued waiters")
 
 
 # --- arguments -------------------------------------------------------------------------------

@@ -7,45 +7,28 @@ The scripts' part runs on real servers (``url``); ``Runs`` and ``configure`` nee
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from typing import Any, Dict
 
 import pytest
-import redis
 from _fair_workers import queue_threads
 from _procs import recv
 from _shares_workers import hog, share, take_once
+from _support import other_client as other
+from _support import until
 
 import distlock
 import distlock.asyncio as adistlock
 from distlock import _config
-from distlock._config import client_from_url
 from distlock._lock import session_of
 from distlock._pubsub import wake_count, yield_turns
 from distlock._shares import COMEBACK, NUDGE_AFTER, TURNS, Runs, quantum
-
-_names = itertools.count(1)
-
-
-def other(url: str) -> Any:
-    """A client with a session of its own: another process, as far as distlock can tell."""
-    if url.startswith("redis+cluster://"):
-        return client_from_url(url)
-    return redis.Redis.from_url(url, client_name=f"shares-{next(_names)}")
 
 
 def keys(name: str) -> Dict[str, str]:
     tag = f"distlock:{{{name}}}"
     return {"lock": tag, "queue": tag + ":q"}
-
-
-def until(predicate: Any, bound: float = 30.0, what: str = "condition") -> None:
-    end = time.monotonic() + bound
-    while not predicate():
-        assert time.monotonic() < end, f"no {what} within {bound} s"
-        time.sleep(0.005)
 
 
 def commands(client: Any) -> Dict[str, int]:
@@ -273,7 +256,8 @@ def test_commands_per_hand_off_stay_flat(url: str, client: Any, children: Any, k
             conns = [children.start(take_once, url, name, kind, 1, 60.0) for _ in range(processes)]
         for conn in conns:
             assert recv(conn, 120) == "started"
-        until(lambda line=line, n=processes: client.zcard(line) >= n, 120, f"{processes} waiting processes")
+        until(lambda line=line, n=processes: client.zcard(line) >= n, bound=120,
+              what=f"{processes} waiting processes")
         time.sleep(0.5)  # the first tries' dust settles
         before = commands(client)
         holder.release()
