@@ -455,8 +455,7 @@ def contended_throughput(client: redis.Redis[Any], url: str,
         done, calls = res["increments"], res["commands"]
         res["lost"] = done - res["final"]
         res["ops_per_s"] = median(res["per_round_ops"])
-        res["commands_per_op"] = sum(calls.values()) / done if done else math.nan
-        res["scripts_per_op"] = (calls.get("evalsha", 0) + calls.get("eval", 0)) / done if done else math.nan
+        res["commands_per_op"], res["scripts_per_op"] = per_unit(calls, done)
         res["per_round_fairness"] = [fairness(workers) for workers in res["per_round_workers"]]
         res["fairness"] = median(res["per_round_fairness"])
         res["fairness_min"] = min(res["per_round_fairness"], default=math.nan)
@@ -662,8 +661,7 @@ def handoff_commands(client: redis.Redis[Any], url: str, factory: LockFactory, n
     delta = calls_delta(before, after)
     report["acquired"] = sum(1 for ok, _ in done if ok)
     report["commands"] = delta
-    report["per_handoff"] = sum(delta.values()) / waiting
-    report["scripts_per_handoff"] = (delta.get("evalsha", 0) + delta.get("eval", 0)) / waiting
+    report["per_handoff"], report["scripts_per_handoff"] = per_unit(delta, waiting)
     return report
 
 
@@ -693,6 +691,14 @@ def command_calls(client: redis.Redis[Any]) -> Dict[str, int]:
     stats = client.info("commandstats")
     return {key[len("cmdstat_"):]: int(value["calls"]) for key, value in stats.items()
             if key.startswith("cmdstat_")}
+
+
+def per_unit(calls: Mapping[str, int], units: int) -> Tuple[float, float]:
+    """Redis commands, and scripts (EVALSHA and EVAL), per unit of work (an increment, a
+    hand-off) from ``calls_delta``'s counts; NaN for no unit."""
+    if not units:
+        return math.nan, math.nan
+    return sum(calls.values()) / units, (calls.get("evalsha", 0) + calls.get("eval", 0)) / units
 
 
 def calls_delta(before: Mapping[str, int], after: Mapping[str, int],
