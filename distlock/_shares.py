@@ -29,7 +29,7 @@ clock is ``time.monotonic()``, read by this process only.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
 __all__ = ["Runs", "KEEP", "YIELD", "NUDGE_AFTER", "COMEBACK", "quantum"]
 
@@ -52,24 +52,33 @@ TURNS = 2
 #: a process keeps the quanta of this many names at most (see ``Runs.start``)
 MOST = 256
 
-# the fields of one name's entry in ``Runs``
-_END, _EPOCH, _RELEASED_EPOCH, _RELEASED_AT, _PENDING, _LOOPS = range(6)
-
-
 def quantum(limit: float, turns: int) -> float:
     """A process' quantum: ``limit`` (barge_limit) shared by ``turns`` processes (0: unknown)."""
     return limit / (turns or TURNS)
 
 
+class _Run:
+    """One lock's entry in ``Runs``."""
+
+    __slots__ = ("end", "released_at", "tried", "pending", "loops")
+
+    def __init__(self, now: float) -> None:
+        self.end = now  #: when its quantum ends (now: a first turn has none)
+        self.released_at = -math.inf  #: its last release
+        self.tried = False  #: it tried to take the lock again since that release
+        self.pending = False  #: a nudge is scheduled
+        self.loops = False  #: it came straight back after its last release
+
+
 class Runs:
-    """This process' quanta, per lock key: when its quantum ends, how many times it has tried
-    to take the lock (its *epoch*), its last release (for ``nudge``), and whether it came
-    straight back after it (it loops)."""
+    """This process' quanta, per lock key (``_Run``): when its quantum ends, its last release
+    (for ``nudge``), whether it tried to take the lock since, and whether it came straight
+    back after it (it loops)."""
 
     __slots__ = ("_runs",)
 
     def __init__(self) -> None:
-        self._runs: Dict[str, List[float]] = {}
+        self._runs: Dict[str, _Run] = {}
 
     def start(self, key: str, now: float, quantum: float) -> None:
         """A wait for ``key`` was granted at ``now``: a quantum of ``quantum`` seconds starts,
@@ -78,28 +87,28 @@ class Runs:
         that it stays small whatever the number of names."""
         runs = self._runs
         if len(runs) >= MOST and key not in runs:
-            for old in [k for k, run in runs.items() if now - run[_END] >= 1.0 and not run[_PENDING]]:
+            for old in [k for k, run in runs.items() if now - run.end >= 1.0 and not run.pending]:
                 del runs[old]
             if len(runs) >= MOST:
                 runs.clear()
         run = runs.get(key)
         if run is None:
-            runs[key] = [now, 0.0, -1.0, -math.inf, 0.0, 0.0]
+            runs[key] = _Run(now)
         else:
-            run[_END] = now + quantum if run[_LOOPS] else now
+            run.end = now + quantum if run.loops else now
 
     def keeps(self, key: str, now: float) -> bool:
         """Is this process in its quantum for ``key``: may its release keep the lock to itself?"""
         run = self._runs.get(key)
-        return run is not None and now < run[_END]
+        return run is not None and now < run.end
 
     def touch(self, key: str, now: float) -> None:
-        """This process tries to take ``key`` at ``now`` (a first try): a new epoch; it loops
-        if that is within ``COMEBACK`` of its last release."""
+        """This process tries to take ``key`` at ``now`` (a first try); it loops if that is
+        within ``COMEBACK`` of its last release."""
         run = self._runs.get(key)
         if run is not None:
-            run[_EPOCH] += 1
-            run[_LOOPS] = 1.0 if now - run[_RELEASED_AT] < COMEBACK else 0.0
+            run.tried = True
+            run.loops = now - run.released_at < COMEBACK
 
     def released(self, key: str, now: float, kept: bool) -> bool:
         """This process released ``key`` at ``now`` (``kept``: in its quantum, waking nobody).
@@ -107,11 +116,11 @@ class Runs:
         run = self._runs.get(key)
         if run is None:
             return False
-        run[_RELEASED_EPOCH] = run[_EPOCH]
-        run[_RELEASED_AT] = now
-        if not kept or run[_PENDING]:
+        run.tried = False
+        run.released_at = now
+        if not kept or run.pending:
             return False
-        run[_PENDING] = 1.0
+        run.pending = True
         return True
 
     def nudge(self, key: str, now: float) -> Optional[float]:
@@ -120,12 +129,12 @@ class Runs:
         run = self._runs.get(key)
         if run is None:
             return None
-        run[_PENDING] = 0.0
-        if run[_EPOCH] != run[_RELEASED_EPOCH]:
+        run.pending = False
+        if run.tried:
             return None
-        due = run[_RELEASED_AT] + NUDGE_AFTER
+        due = run.released_at + NUDGE_AFTER
         if now < due:
-            run[_PENDING] = 1.0
+            run.pending = True
             return due
         return 0.0
 
