@@ -1,7 +1,7 @@
 """A private Redis Cluster for the benchmarks: 3 masters and 3 replicas on free 127.0.0.1 ports.
 
 ``LocalCluster()`` starts six ``redis-server --cluster-enabled yes`` processes (each through
-``distlock._server.RedisServer``: no persistence, loopback only, a temporary directory), joins
+``distlock.testing.server.RedisServer``: no persistence, loopback only, a temporary directory), joins
 them with ``redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes``, and waits
 until every node says ``cluster_state:ok``, every node reports the same slot map (CLUSTER
 SLOTS) and every replica's link to its master is up (so that no full resync forks a server in
@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import redis
 
-from distlock._server import RedisServer, free_port, redis_server_binary
+from distlock.testing.server import RedisServer, free_port, redis_server_binary
 
 __all__ = ["LocalCluster", "slot_map"]
 

@@ -53,7 +53,7 @@ import redis.asyncio as aredis  # noqa: E402
 
 from benchmarks import _common as C  # noqa: E402
 from benchmarks.bench_locks import _waiter_note  # noqa: E402
-from distlock.asyncio import DistLock, DistRLock  # noqa: E402
+from distlock.asyncio import DistLock, DistRLock
 
 try:
     from pottery import AIORedlock

@@ -64,8 +64,8 @@ import distlock  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
 from benchmarks._cluster import LocalCluster  # noqa: E402
 from benchmarks.bench_locks import make_distlock  # noqa: E402
-from distlock import DistLock, DistRLock  # noqa: E402
-from distlock._session import reset_sessions  # noqa: E402
+from distlock import DistLock, DistRLock
+from distlock._session.session import reset_sessions
 
 FIGURES = ("commands", "spread", "handoff", "watchdog")
 

@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
 
 import distlock  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
-from distlock import DistCondition, DistLock  # noqa: E402
+from distlock import DistCondition, DistLock
 
 FIGURES = ("floor", "wake", "idle")
 WAIT_LIMIT = 30.0  # every wait in a worker is bounded
@@ -280,7 +280,7 @@ def idle(client: Any, url: str, k: Knobs) -> List[C.Row]:
     note = ("target <= 5/s: " + ("met" if rate["per_s"] <= 5 else "MISSED")
             + f"; {rate['total']} commands in {rate['seconds']:.1f} s ({top}); "
             f"then notify_all woke {report.get('notified')}/{k.idle_threads}")
-    s = distlock._config.settings()
+    s = distlock._core.settings.settings()
     note += f"; wait_cap {s.wait_cap:g} s, renew every {s.renew_interval:g} s"
     return [C.Row("idle load, 10 waiting threads", "DistCondition", rate["per_s"], "cmd/s",
                   note=note, data={"rate": rate, "waiters": report})]

@@ -44,9 +44,9 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
-from distlock import DistLock, DistRLock  # noqa: E402
-from distlock._config import settings  # noqa: E402
-from distlock._logic import Keys  # noqa: E402
+from distlock import DistLock, DistRLock
+from distlock._core.keys import Keys
+from distlock._core.settings import settings
 
 try:
     import redis_lock

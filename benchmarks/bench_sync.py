@@ -40,13 +40,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
-from distlock import (  # noqa: E402
-    DistBarrier,
-    DistBoundedSemaphore,
-    DistEvent,
-    DistLock,
-    DistSemaphore,
-)
+from distlock import DistBarrier, DistBoundedSemaphore, DistEvent, DistLock, DistSemaphore
 
 FIGURES = ("floor", "semaphore", "event", "barrier")
 WAIT_LIMIT = 30.0  # every wait in a worker is bounded

@@ -32,11 +32,11 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
-from distlock import DistLock  # noqa: E402
-from distlock._config import settings  # noqa: E402
-from distlock._logic import Keys  # noqa: E402
-from distlock._session import session_for  # noqa: E402
-from distlock._top import READ_BUDGET, snapshot  # noqa: E402
+from distlock import DistLock
+from distlock._cli.top import READ_BUDGET, snapshot
+from distlock._core.keys import Keys
+from distlock._core.settings import settings
+from distlock._session.session import session_for
 
 SCREEN_ROWS = 46
 

@@ -1,14 +1,15 @@
 """distlock: ``threading``'s synchronization primitives across processes and hosts, on Redis."""
 
-from ._barrier import DistBarrier
-from ._condition import DistCondition
-from ._config import Settings, configure
-from ._errors import DistLockError, LockLostError, LockNotOwnedError, NotEnoughReplicasError, QuorumError
-from ._event import DistEvent
-from ._lock import DistLock, DistRLock
-from ._metrics import snapshot as metrics
-from ._rwlock import DistReadWriteLock
-from ._semaphore import DistBoundedSemaphore, DistSemaphore
+from ._core.errors import DistLockError, LockLostError, LockNotOwnedError, NotEnoughReplicasError, QuorumError
+from ._core.settings import Settings
+from ._primitives.barrier import DistBarrier
+from ._primitives.condition import DistCondition
+from ._primitives.event import DistEvent
+from ._primitives.lock import DistLock, DistRLock
+from ._primitives.rwlock import DistReadWriteLock
+from ._primitives.semaphore import DistBoundedSemaphore, DistSemaphore
+from ._session.config import configure
+from ._session.metrics import snapshot as metrics
 
 __all__ = [
     "DistLock",

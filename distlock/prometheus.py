@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ._metrics import snapshot
+from ._session.metrics import snapshot
 
 __all__ = ["DistlockCollector"]
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional
 import redis
 import redis.asyncio as aredis
 
-from distlock._config import async_client_from_url
+from distlock._redis.urls import async_client_from_url
 
 BOUND = 60.0
 _names = itertools.count(1)

@@ -24,7 +24,7 @@ from faults import _PermitAsLock
 
 import distlock
 import distlock.asyncio as aio
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 #: A worker whose test sends nothing for this long exits.
 IDLE_LIMIT = 60.0

@@ -50,7 +50,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
 from redis.retry import Retry
 
-from distlock._server import redis_server_binary
+from distlock.testing.server import redis_server_binary
 
 __all__ = ["Addr", "Cluster", "cluster_cli", "slot_map", "SLOTS"]
 

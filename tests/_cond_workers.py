@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 import distlock
 from distlock import DistCondition
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 IDLE_LIMIT = 60.0
 

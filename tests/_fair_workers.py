@@ -7,7 +7,7 @@ import time
 from typing import Any, List, Optional
 
 import distlock
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 
 def queue_threads(url: str, name: str, kind: str, n: int, grants: str,

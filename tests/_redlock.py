@@ -1,6 +1,6 @@
 """Five independent masters for the Redlock tests (``client=[c1, ..., c5]``).
 
-``Masters.start()`` starts five ``RedisServer``s (``distlock._server``: ``redis-server`` from
+``Masters.start()`` starts five ``RedisServer``s (``distlock.testing.server``: ``redis-server`` from
 PATH, or the binary ``$DISTLOCK_SERVER_BIN`` names, a ``valkey-server`` say) on free
 127.0.0.1 ports, with no persistence, each in a temporary directory of its own and, on Linux,
 under ``setpriv --pdeathsig KILL`` so that none outlives the test process however it ends.
@@ -30,7 +30,7 @@ from typing import Any, List, Optional, Set
 
 import redis
 
-from distlock._server import RedisServer
+from distlock.testing.server import RedisServer
 
 __all__ = ["Masters", "LEASE", "RENEW", "SETTLE", "COUNT"]
 

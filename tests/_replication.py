@@ -40,7 +40,7 @@ from typing import Any, List, Optional, Set
 
 import redis
 
-from distlock._server import free_port, redis_server_binary
+from distlock.testing.server import free_port, redis_server_binary
 
 __all__ = ["Replication", "HOST"]
 

@@ -11,7 +11,7 @@ import time
 from typing import Any, List, Optional, Tuple
 
 import distlock
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 
 def make_rw(url: str, name: str, lease: Optional[float] = None) -> distlock.DistReadWriteLock:

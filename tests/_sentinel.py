@@ -46,7 +46,7 @@ from _cluster import HOST, POLL, Addr, _free_ports, _Node, _ping, _text
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distlock._server import redis_server_binary
+from distlock.testing.server import redis_server_binary
 
 __all__ = ["SentinelSet", "SERVICE", "DOWN_AFTER_MS", "FAILOVER_TIMEOUT_MS"]
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 from _fair_workers import queue_threads
 
 import distlock
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 KINDS = {"DistLock": distlock.DistLock, "DistRLock": distlock.DistRLock}
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Tuple
 
 import redis
 
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 20.0

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 
 import distlock
 from distlock import DistBarrier, DistEvent, DistSemaphore
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 IDLE_LIMIT = 60.0
 

@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, Optional
 
 import distlock
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 
 def make_lock(kind: str, name: str, url: Any, lease: Optional[float] = None) -> Any:

@@ -26,9 +26,9 @@ import redis
 from _procs import Children
 
 import distlock
-from distlock import _config
-from distlock._server import RedisServer, redis_server_binary
-from distlock._session import reset_sessions
+from distlock._core.settings import reset_settings
+from distlock._session.session import reset_sessions
+from distlock.testing.server import RedisServer, redis_server_binary
 
 REQUIRE_REAL = os.environ.get("DISTLOCK_REQUIRE_REDIS") == "1"
 
@@ -126,7 +126,7 @@ def client(backend: Backend, topology: str, request: pytest.FixtureRequest) -> I
             c.flushdb()
         finally:
             c.close()
-        _config.reset_settings()
+        reset_settings()
         _wait_threads_gone(before)
 
 
@@ -240,7 +240,7 @@ def cluster_client(cluster: Any) -> Iterator[redis.RedisCluster]:
                 cluster.flush()
         finally:
             c.close()
-            _config.reset_settings()
+            reset_settings()
         _wait_threads_gone(before)
 
 
@@ -264,7 +264,7 @@ def healthy_cluster(cluster: Any) -> Iterator[Any]:
         try:
             cluster.heal()
         finally:
-            _config.reset_settings()
+            reset_settings()
         _wait_threads_gone(before)
 
 
@@ -304,7 +304,7 @@ def replication(replication_set: Any) -> Iterator[Any]:
         try:
             replication_set.heal()
         finally:
-            _config.reset_settings()
+            reset_settings()
         _wait_threads_gone(before)
 
 
@@ -348,7 +348,7 @@ def sentinel_client(sentinel_set: Any) -> Iterator[redis.Redis]:
             sentinel_set.heal()
         finally:
             c.close()
-            _config.reset_settings()
+            reset_settings()
         _wait_threads_gone(before)
 
 
@@ -399,7 +399,7 @@ def redlock(redlock_masters: Any) -> Iterator[Any]:
         try:
             redlock_masters.heal(settle=0)
         finally:
-            _config.reset_settings()
+            reset_settings()
         _wait_threads_gone(before)
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
 import redis
 
 import distlock
-from distlock._config import client_from_url
+from distlock._redis.urls import client_from_url
 
 # --- the parametrization table --------------------------------------------------------------
 

@@ -39,8 +39,8 @@ from test_faults_sync import permit_left_ms
 import distlock
 import distlock.asyncio as aio_
 from distlock import LockLostError
-from distlock._clients import DEFAULT_IO_TIMEOUT
-from distlock._synclogic import EventKeys
+from distlock._core.keys import EventKeys
+from distlock._redis.clients import DEFAULT_IO_TIMEOUT
 
 pytestmark = pytest.mark.real_redis
 

@@ -22,7 +22,7 @@ from _aio import keys, run_in_loop
 import distlock
 import distlock.asyncio as aio
 from distlock import LockLostError, LockNotOwnedError
-from distlock._asession import live_ports
+from distlock._redis.aport import live_ports
 
 pytestmark = pytest.mark.real_redis
 
@@ -140,9 +140,9 @@ def test_url_and_default_serve_both_shells(url: str, client: redis.Redis,
                 await aio.DistLock(name).acquire()
         run(url, refused)
     finally:
-        distlock._config._default = None
-        distlock._config._default_client = None
-        distlock._config._default_async = None
+        distlock._session.config._default = None
+        distlock._session.config._default_client = None
+        distlock._session.config._default_async = None
 
 
 # --- sync and async together ------------------------------------------------------------------
@@ -181,7 +181,7 @@ def test_sync_and_async_of_one_name_exclude_and_wake_each_other(url: str, client
         return woke
 
     woke = run(url, body)
-    assert woke < distlock._config.settings().wait_cap  # woken by the hint, not the polling bound
+    assert woke < distlock._core.settings.settings().wait_cap  # woken by the hint, not the polling bound
 
 
 # --- owners ---------------------------------------------------------------------------------

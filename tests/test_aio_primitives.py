@@ -105,8 +105,8 @@ def _until_sync(check: Callable[[], Any], bound: float = BOUND) -> None:
 
 
 def _entry_ms() -> int:
-    from distlock._synclogic import entry_ms
-    cfg = distlock._config.settings()
+    from distlock._core.deadlines import entry_ms
+    cfg = distlock._core.settings.settings()
     return entry_ms(cfg.wait_cap, cfg.queue_cap_factor)
 
 
@@ -1631,7 +1631,7 @@ class CutReply:
     reply off, the one place where what the server did is unknown to the wait."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, script: str, nth: int) -> None:
-        from distlock._asession import AsyncPort
+        from distlock._redis.aport import AsyncPort
         self.script, self.left, self.hit = script, nth, False
         original = AsyncPort.run
         cut = self

@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 
 import distlock
 from distlock import LockLostError, LockNotOwnedError
-from distlock._logic import MAX_LEASE
-from distlock._synclogic import MAX_PERMITS
+from distlock._core.deadlines import MAX_LEASE
+from distlock._primitives.semaphore import MAX_PERMITS
 
 # --- the table ------------------------------------------------------------------------------
 
@@ -315,7 +315,7 @@ def test_configure_numbers(client: Any, field: str, value: Any) -> None:
         expected = ValueError
     if expected is None:
         assert exc is None, (field, value, exc)
-        distlock._config.reset_settings()
+        distlock._core.settings.reset_settings()
     else:
         assert type(exc) is expected, (field, value, exc)
         assert after == before, "a refused configure() changed the settings"

@@ -26,7 +26,7 @@ from _support import until as _until
 
 import distlock
 from distlock import DistBarrier
-from distlock._session import session_for
+from distlock._session.session import session_for
 
 Broken = threading.BrokenBarrierError
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from distlock._server import redis_server_binary
+from distlock.testing.server import redis_server_binary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "bench_locks.py")

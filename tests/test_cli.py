@@ -23,9 +23,9 @@ import redis
 from _support import kill, read_line
 
 import distlock
-from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, _cli, configure
-from distlock._demo import Row, format_table, handoff_latencies
-from distlock._inspect import (
+from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, configure
+from distlock._cli.demo import Row, format_table, handoff_latencies
+from distlock._cli.inspect import (
     exclusive_state,
     free_state,
     glob_escape,
@@ -36,7 +36,8 @@ from distlock._inspect import (
     rw_state,
     scan_pattern,
 )
-from distlock._server import free_port
+from distlock._cli.main import main as _cli
+from distlock.testing.server import free_port
 
 TIMEOUT = 60  # seconds: the bound of every subprocess call here
 

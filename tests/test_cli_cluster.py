@@ -25,10 +25,11 @@ import pytest
 import redis
 from _support import kill, read_line, until
 
-from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, _cli
-from distlock._config import settings
-from distlock._logic import Keys
-from distlock._top import by_server, servers
+from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError
+from distlock._cli.main import main as _cli
+from distlock._cli.top import by_server, servers
+from distlock._core.keys import Keys
+from distlock._core.settings import settings
 
 pytestmark = pytest.mark.real_redis
 
@@ -352,7 +353,7 @@ def test_a_bad_cluster_url_is_a_usage_error() -> None:
 
 
 def test_an_unreachable_cluster_exits_69_naming_the_url() -> None:
-    from distlock._server import free_port
+    from distlock.testing.server import free_port
 
     url = f"redis+cluster://u:secret@127.0.0.1:{free_port()},127.0.0.1:{free_port()}/"
     for args in (["status", "x"], ["list"], ["release", "--force", "x"], ["top", "--once"],

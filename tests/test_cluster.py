@@ -33,9 +33,9 @@ from distlock import (
     DistRLock,
     DistSemaphore,
 )
-from distlock._executor_cluster import ClusterExecutor
-from distlock._pubsub_cluster import ClusterDispatcher
-from distlock._session import all_sessions
+from distlock._redis.executor_cluster import ClusterExecutor
+from distlock._redis.pubsub_cluster import ClusterDispatcher
+from distlock._session.session import all_sessions
 
 pytestmark = pytest.mark.real_redis
 
@@ -608,8 +608,7 @@ def test_servers_without_sharded_pubsub_get_publish_and_subscribe(
         cluster: Any, cluster_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before Redis 7.0 there is no SPUBLISH: the scripts announce with PUBLISH and the node
     dispatchers SUBSCRIBE (on the slot's master: a cluster forwards PUBLISH to every node)."""
-    import distlock._executor_cluster as executor_cluster
-
+    import distlock._redis.executor_cluster as executor_cluster
     monkeypatch.setattr(executor_cluster, "_has_sharded_pubsub", lambda client: False)
     client = cluster.client()
     try:

@@ -28,8 +28,10 @@ from redis.crc import key_slot
 
 import distlock
 from distlock import DistCondition, DistLock, DistRLock, LockLostError
-from distlock._condlogic import CondKeys, check_wait_timeout, notify_count
-from distlock._session import session_for, wake_idents
+from distlock._core.checks import check_wait_timeout
+from distlock._core.keys import CondKeys
+from distlock._primitives.condition import notify_count
+from distlock._session.session import session_for, wake_idents
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -473,7 +475,7 @@ def test_keys_share_the_locks_slot_and_go_away(client: Any) -> None:
 
 
 def test_cond_keys_are_distinct() -> None:
-    base = distlock._logic.Keys("distlock:", "n")
+    base = distlock._core.keys.Keys("distlock:", "n")
     a = CondKeys.of(base, "x")
     b = CondKeys.of(base, "x:q")
     names = [*a.state, a.channel, *b.state, b.channel, base.lock, base.fence, base.channel]

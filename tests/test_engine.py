@@ -25,9 +25,9 @@ from distlock import (
     DistReadWriteLock,
     DistRLock,
     DistSemaphore,
-    _engine,
 )
-from distlock._pubsub import Dispatcher
+from distlock._primitives import engine as _engine
+from distlock._redis.pubsub import Dispatcher
 
 Setup = Callable[[redis.Redis, redis.Redis, str], Tuple[Callable[[float], Any], Any, Callable[[], None]]]
 

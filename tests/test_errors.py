@@ -10,14 +10,7 @@ from typing import Any, Callable, Tuple
 import pytest
 from _procs import SPAWN
 
-from distlock import (
-    DistLock,
-    DistReadWriteLock,
-    DistRLock,
-    DistSemaphore,
-    LockLostError,
-    LockNotOwnedError,
-)
+from distlock import DistLock, DistReadWriteLock, DistRLock, DistSemaphore, LockLostError, LockNotOwnedError
 
 KINDS = ["DistLock", "DistRLock", "read", "write"]
 

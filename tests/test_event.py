@@ -24,8 +24,8 @@ from _support import until as _until
 
 import distlock
 from distlock import DistEvent
-from distlock._session import session_for
-from distlock._synclogic import EV_EXPIRED, EV_TAKEN
+from distlock._core.replies import EV_EXPIRED, EV_TAKEN
+from distlock._session.session import session_for
 
 
 def _name(prefix: str = "ev") -> str:

@@ -18,7 +18,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from distlock import DistLock, DistRLock, DistSemaphore
-from distlock._scripts import script_source
+from distlock._redis.scripts import script_source
 
 
 class _LosesOneReply(redis.Connection):

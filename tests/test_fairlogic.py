@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from distlock._fairlogic import FairKeys, check_fair, entry_lease_ms, handoff, handoff_grant, new_nonce
-from distlock._logic import Keys
-from distlock._pubsub import Board
+from distlock._core.keys import FairKeys, Keys
+from distlock._core.replies import handoff, handoff_grant
+from distlock._primitives.fair import check_fair, entry_lease_ms, new_nonce
+from distlock._redis.pubsub import Board
 
 
 @pytest.mark.parametrize("good", [True, False])
@@ -64,7 +65,7 @@ def test_a_hand_off_wakes_exactly_the_wait_it_names() -> None:
 
 
 def test_status_names_a_fair_hold() -> None:
-    from distlock._inspect import exclusive_state
+    from distlock._cli.inspect import exclusive_state
 
     fields = {b"s1:4ff8f224d003": b"1", b":t": b"7", b":i": b"h:1", b":n": b"s1:ab"}
     state = exclusive_state("x", "distlock:{x}", b"hash", fields, 1000, b"7")

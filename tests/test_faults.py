@@ -31,8 +31,8 @@ from redis.retry import Retry
 
 import distlock
 from distlock import LockLostError, LockNotOwnedError
-from distlock._server import RedisServer
-from distlock._session import reset_sessions, session_for
+from distlock._session.session import reset_sessions, session_for
+from distlock.testing.server import RedisServer
 
 KINDS = sorted(PRIMITIVES)
 
@@ -462,9 +462,9 @@ def test_5_lost_grant_reply_does_not_outlive_its_lease(
 @pytest.mark.parametrize("kind", ["DistLock"])  # the bound is the session's, whatever the primitive
 def test_5_client_without_socket_timeout_cannot_hang(client: Any, proxy: FaultProxy, kind: str) -> None:
     """A client with socket_timeout=None would wait for ever on a blackholed server; the
-    session talks through a twin bounded by DEFAULT_IO_TIMEOUT (see distlock._clients), so
+    session talks through a twin bounded by DEFAULT_IO_TIMEOUT (see distlock._redis.clients), so
     acquire(timeout=1) still raises within 1 + 2 * DEFAULT_IO_TIMEOUT + slack."""
-    from distlock._clients import DEFAULT_IO_TIMEOUT
+    from distlock._redis.clients import DEFAULT_IO_TIMEOUT
 
     name = f"s5n-{kind}"
     other = make(kind, name, client)
@@ -601,7 +601,7 @@ def test_7_out_of_memory_release_and_renew_still_work(client: Any, kind: str) ->
             leased.release()
             assert lease_left_ms(full, f"s7-{kind}-w") < 0 and lease_left_ms(full, f"s7-{kind}-l") < 0
         finally:
-            from distlock._session import reset_sessions
+            from distlock._session.session import reset_sessions
 
             reset_sessions()
             full.close()
@@ -645,7 +645,7 @@ def test_8_pool_exhausted_watchdog_renews_or_reports(url: str, client: Any, kind
     finally:
         for conn in taken:
             pool.release(conn)
-        from distlock._session import reset_sessions
+        from distlock._session.session import reset_sessions
 
         reset_sessions()
         pool.disconnect()

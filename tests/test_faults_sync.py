@@ -42,9 +42,9 @@ from test_faults import FAST, SLACK, B, bounded_client, numsub, pubsub_clients, 
 
 import distlock
 from distlock import LockLostError
-from distlock._server import RedisServer
-from distlock._session import reset_sessions, session_for
-from distlock._synclogic import BarrierKeys, EventKeys, SemKeys
+from distlock._core.keys import BarrierKeys, EventKeys, SemKeys
+from distlock._session.session import reset_sessions, session_for
+from distlock.testing.server import RedisServer
 
 SPAWN = multiprocessing.get_context("spawn")
 

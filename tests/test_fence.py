@@ -19,7 +19,7 @@ from _support import settle
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock
-from distlock._rwlogic import RWKeys
+from distlock._core.keys import RWKeys
 
 KINDS = ["DistLock", "DistRLock", "read", "write"]
 

@@ -21,8 +21,8 @@ from redis.retry import Retry
 
 import distlock
 from distlock import DistLock, DistRLock, LockLostError, LockNotOwnedError
-from distlock._server import free_port
-from distlock._session import session_for
+from distlock._session.session import session_for
+from distlock.testing.server import free_port
 
 SPAWN = multiprocessing.get_context("spawn")
 LOCK_TYPES = [DistLock, DistRLock]
@@ -557,7 +557,7 @@ def test_a_distlock_hold_id_is_never_all_digits(client: Any, monkeypatch: pytest
     thread ident to ``distlock status`` (about one draw in 280: it made a CLI test flaky)."""
     import os
 
-    from distlock._inspect import guess_kind, parse_owner
+    from distlock._cli.inspect import guess_kind, parse_owner
 
     monkeypatch.setattr(os, "urandom", lambda n: bytes.fromhex("12" * n))
     lock = DistLock("all-digits", client=client)

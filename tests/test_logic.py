@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distlock._logic import Backoff, Deadline, Keys, escape_name, lease_ms, unescape_name
-from distlock._scripts import script_names, script_source
+from distlock._core.deadlines import Backoff, Deadline, lease_ms
+from distlock._core.keys import Keys, escape_name, unescape_name
+from distlock._redis.scripts import script_names, script_source
 
 SUFFIXES = ["", ":fence", ":wake"]
 

@@ -29,9 +29,9 @@ from distlock import (
     DistRLock,
     DistSemaphore,
     LockLostError,
-    _metrics,
-    _telemetry,
 )
+from distlock._session import metrics as _metrics
+from distlock._session import telemetry as _telemetry
 
 
 @pytest.fixture(autouse=True)

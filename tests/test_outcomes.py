@@ -12,10 +12,10 @@ from typing import Any, List, Optional, Tuple
 
 import pytest
 
-from distlock import _outcomes as oc
-from distlock import _synclogic as sl
-from distlock._logic import Deadline
-from distlock._waitpolicy import FIRST, HINTED, LAST, WAIT, Sleep, Try, policy
+from distlock._core import replies as sl
+from distlock._core import outcomes as oc
+from distlock._core.deadlines import Deadline
+from distlock._core.wait_policy import FIRST, HINTED, LAST, WAIT, Sleep, Try, policy
 
 # --- decoders ----------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from _support import settle
 
 import distlock
 from distlock import DistLock, DistRLock, LockLostError, QuorumError
-from distlock._quorum import drift
+from distlock._core.quorum import drift
 
 pytestmark = pytest.mark.real_redis
 

@@ -1,4 +1,4 @@
-"""Redlock's arithmetic and checks (``distlock._quorum``), without a server; QuorumError; the
+"""Redlock's arithmetic and checks (``distlock._core.quorum``), without a server; QuorumError; the
 list given to every class that does not take one."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import redis
 import distlock
 import distlock.asyncio as aio
 from distlock import QuorumError
-from distlock._quorum import (
+from distlock._core.quorum import (
     busy_reply,
     drift,
     parse_info,
@@ -202,5 +202,5 @@ def test_redlock_drift_setting() -> None:
         with pytest.raises(ValueError):
             distlock.configure(redlock_drift=float("nan"))
     finally:
-        from distlock._config import reset_settings
+        from distlock._core.settings import reset_settings
         reset_settings()

@@ -21,8 +21,7 @@ import redis.asyncio as aredis
 import distlock
 import distlock.asyncio as adistlock
 from distlock import LockLostError, NotEnoughReplicasError
-from distlock._config import Settings
-from distlock._replicas import (
+from distlock._core.replicas import (
     DEFAULT_REPLICA_TIMEOUT,
     acks_for,
     batch_wait,
@@ -33,6 +32,7 @@ from distlock._replicas import (
     renewal_counts,
     short_of,
 )
+from distlock._core.settings import Settings
 
 #: generous slack for anything bounded by a timeout on a loaded 2-core machine
 SLACK = 5.0
@@ -177,8 +177,8 @@ def test_configure_checks_the_defaults_and_changes_nothing(options: Dict[str, An
         assert distlock.configure() == before
         assert distlock.configure(min_replicas=2, replica_timeout=0.2).min_replicas == 2
     finally:
-        from distlock import _config
-        _config.reset_settings()
+        from distlock._core.settings import reset_settings
+        reset_settings()
 
 
 def _others(module: Any) -> Dict[str, Callable[..., Any]]:
@@ -231,7 +231,7 @@ def test_a_configured_min_replicas_does_not_reach_a_redlock_lock(cls: type) -> N
         assert cls("quorum", client=masters)._acks() is None
         assert cls("single", client=redis.Redis(port=1))._acks() == (2, 500)
     finally:
-        from distlock._config import reset_settings
+        from distlock._core.settings import reset_settings
         reset_settings()
 
 

@@ -22,10 +22,9 @@ from _support import scan_keys, subscribers
 
 import distlock
 from distlock import DistReadWriteLock, LockLostError, LockNotOwnedError
-from distlock._logic import Keys
-from distlock._rwlock import DistReadLock, DistWriteLock
-from distlock._rwlogic import UPGRADE_REFUSED, RWKeys, writer_entry_ms
-from distlock._scripts import script_names
+from distlock._core.keys import Keys, RWKeys
+from distlock._primitives.rwlock import UPGRADE_REFUSED, DistReadLock, DistWriteLock, writer_entry_ms
+from distlock._redis.scripts import script_names
 
 #: the whole contract runs on the test server and on the session's Redis Cluster
 pytestmark = [pytest.mark.cluster_too, pytest.mark.sentinel_too]

@@ -37,7 +37,8 @@ from hypothesis.stateful import (
 )
 
 from distlock import DistReadWriteLock, LockNotOwnedError
-from distlock._rwlogic import UPGRADE_REFUSED, RWKeys
+from distlock._core.keys import RWKeys
+from distlock._primitives.rwlock import UPGRADE_REFUSED
 
 SETTINGS = settings(
     max_examples=30,

@@ -11,8 +11,8 @@ from typing import Any, List, Set
 import pytest
 import redis
 
-from distlock import _scripts
-from distlock._scripts import declared, helper_names, locate, script_names, script_source
+from distlock._redis import scripts as _scripts
+from distlock._redis.scripts import declared, helper_names, locate, script_names, script_source
 
 _LONG = re.compile(r"\[(=*)\[.*?\]\1\]", re.S)
 
@@ -63,7 +63,7 @@ def _names_defined(code: str, top: bool = False) -> Set[str]:
 
 
 def _read(filename: str) -> str:
-    return resources.files("distlock").joinpath("lua", filename).read_text(encoding="utf-8")
+    return resources.files("distlock._redis").joinpath("lua", filename).read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("name", script_names())
@@ -133,7 +133,7 @@ def test_locate_maps_joined_lines_to_files() -> None:
 def test_an_error_in_a_script_names_its_file_and_line(url: str, client: Any) -> None:
     """A grant whose lease is not a number fails at the script's own PEXPIRE line, and the
     error says so in lock_acquire.lua's own numbering."""
-    from distlock._session import session_for
+    from distlock._session.session import session_for
 
     session = session_for(client)
     keys = ("distlock:{loc}", "distlock:{loc}:fence", "distlock:{loc}:q")
@@ -147,7 +147,7 @@ def test_an_error_in_a_script_names_its_file_and_line(url: str, client: Any) -> 
 @pytest.mark.real_redis
 def test_an_error_in_a_helper_names_the_helper_file(url: str, client: Any) -> None:
     """A fence TTL that is not a number fails inside next_token, in _prelude.lua."""
-    from distlock._session import session_for
+    from distlock._session.session import session_for
 
     session = session_for(client)
     keys = ("distlock:{loc2}", "distlock:{loc2}:fence", "distlock:{loc2}:q")
@@ -161,7 +161,7 @@ def test_an_error_in_a_helper_names_the_helper_file(url: str, client: Any) -> No
 def test_an_error_in_a_batched_script_names_its_file_and_line(url: str, client: Any) -> None:
     """The watchdog's renewals go out in a batch (a pipeline); an error among its replies is
     mapped like a single run's, and the other replies are untouched."""
-    from distlock._session import session_for
+    from distlock._session.session import session_for
 
     session = session_for(client)
     client.hset("distlock:{loc3}", mapping={"me:1": 1, ":t": 1})  # a hold to renew

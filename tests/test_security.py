@@ -28,13 +28,16 @@ import redis
 from faults import PRIMITIVES
 
 import distlock
-from distlock import LockNotOwnedError, _config, _pubsub
-from distlock._server import RedisServer, free_port
-from distlock._session import reset_sessions, session_for
+from distlock import LockNotOwnedError
+from distlock._redis import pubsub as _pubsub
+from distlock._redis import urls
+from distlock._session import config as _config
+from distlock._session.session import reset_sessions, session_for
+from distlock.testing.server import RedisServer, free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ACL_DOC = os.path.join(HERE, os.pardir, "docs", "security_acl.txt")
-LUA_DIR = os.path.join(HERE, os.pardir, "distlock", "lua")
+LUA_DIR = os.path.join(HERE, os.pardir, "distlock", "_redis", "lua")
 
 KINDS = sorted(PRIMITIVES)
 
@@ -318,9 +321,9 @@ def test_password_in_url(client: Any) -> None:
                     lock.acquire(blocking=False)
         finally:
             reset_sessions()
-            for url in list(_config._url_clients):
+            for url in list(urls._url_clients):
                 if f":{server.port}/" in url:
-                    _config._url_clients.pop(url).close()
+                    urls._url_clients.pop(url).close()
 
 
 # --- TLS --------------------------------------------------------------------------------------
@@ -361,7 +364,7 @@ def test_tls_url(client: Any, tmp_path: Any) -> None:
         plain_on_tls.close()
     finally:
         reset_sessions()
-        cached = _config._url_clients.pop(url, None)
+        cached = urls._url_clients.pop(url, None)
         if cached is not None:
             cached.close()
         server.stop()

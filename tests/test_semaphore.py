@@ -30,8 +30,8 @@ from _support import until as _until
 
 import distlock
 from distlock import DistBoundedSemaphore, DistSemaphore, LockLostError
-from distlock._session import session_for
-from distlock._synclogic import check_sem_acquire_args
+from distlock._primitives.semaphore import check_sem_acquire_args
+from distlock._session.session import session_for
 
 
 def _name(prefix: str = "sem") -> str:

@@ -28,14 +28,9 @@ from _sentinel import SentinelSet
 import distlock
 import distlock.asyncio as aio
 from distlock import DistLock, DistSemaphore
-from distlock._clients import renewer, shareable
-from distlock._config import (
-    async_client_from_url,
-    check_url,
-    client_from_url,
-    resolve_async_client,
-    sentinel_url,
-)
+from distlock._redis.clients import renewer, shareable
+from distlock._redis.urls import async_client_from_url, check_url, client_from_url, sentinel_url
+from distlock._session.config import resolve_async_client
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 30.0
@@ -233,7 +228,7 @@ def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
                     assert await sem.acquire(timeout=0.5)
                     assert not await sem.acquire(timeout=0.1)
                     await sem.release()
-            from distlock._asession import port_for
+            from distlock._redis.aport import port_for
 
             twin = port_for(aclient).twin
             assert isinstance(twin.connection_pool, redis.sentinel.SentinelConnectionPool)
@@ -719,7 +714,7 @@ def test_the_demo_runs_on_a_sentinel_set(sentinel_url: str, sentinel_client: Any
 
 def test_the_cli_names_an_unreachable_sentinel_set() -> None:
     """No sentinel answers: exit 69 (EX_UNAVAILABLE) with a message, not a traceback."""
-    from distlock._server import free_port
+    from distlock.testing.server import free_port
 
     done = _cli("status", "--url", f"redis+sentinel://127.0.0.1:{free_port()}/distlock", "x")
     assert done.returncode == 69, done.stderr

@@ -23,7 +23,7 @@ import redis
 from _support import settle
 
 from distlock import DistLock, DistRLock
-from distlock._session import all_sessions
+from distlock._session.session import all_sessions
 
 
 class _Instrumented(redis.Redis):  # type: ignore[type-arg]

@@ -20,10 +20,10 @@ from _support import until
 
 import distlock
 import distlock.asyncio as adistlock
-from distlock import _config
-from distlock._lock import session_of
-from distlock._pubsub import wake_count, yield_turns
-from distlock._shares import COMEBACK, NUDGE_AFTER, TURNS, Runs, quantum
+from distlock._core.shares import COMEBACK, NUDGE_AFTER, TURNS, Runs, quantum
+from distlock._primitives.lock import session_of
+from distlock._redis.pubsub import wake_count, yield_turns
+from distlock._core.settings import reset_settings
 
 
 def keys(name: str) -> Dict[str, str]:
@@ -92,7 +92,7 @@ def test_barge_limit_takes_zero_or_more_seconds(value: Any) -> None:
     try:
         assert distlock.configure(barge_limit=value).barge_limit == float(value)
     finally:
-        _config.reset_settings()
+        reset_settings()
 
 
 @pytest.mark.parametrize("bad, error, match", [

@@ -43,9 +43,9 @@ from test_faults import start
 
 import distlock
 from distlock import DistBarrier, DistBoundedSemaphore, DistEvent, DistSemaphore
-from distlock._server import RedisServer
-from distlock._session import reset_sessions, session_for
-from distlock._synclogic import MAX_PERMITS
+from distlock._primitives.semaphore import MAX_PERMITS
+from distlock._session.session import reset_sessions, session_for
+from distlock.testing.server import RedisServer
 
 Broken = threading.BrokenBarrierError
 OOM = redis.exceptions.OutOfMemoryError
@@ -416,7 +416,7 @@ def test_fork_semaphore_child_owns_nothing_and_takes_its_own(client: Any, cls: A
 def test_fork_while_another_thread_picks_permits_to_release(client: Any) -> None:
     """A fork while another thread of the parent is choosing which permits to give back (under
     the module's lock) leaves the child a lock of its own, not one that stays held for ever."""
-    from distlock import _semaphore
+    from distlock._primitives import semaphore as _semaphore
 
     sem = DistSemaphore("fork-claims", 1, client=client)
     parent_id = session_for(client).id

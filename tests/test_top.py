@@ -24,15 +24,8 @@ import pytest
 import redis
 from _support import BOUND, distlock_keys, kill, read_line, settle
 
-from distlock import (
-    DistEvent,
-    DistLock,
-    DistReadWriteLock,
-    DistRLock,
-    DistSemaphore,
-    configure,
-)
-from distlock._inspect import (
+from distlock import DistEvent, DistLock, DistReadWriteLock, DistRLock, DistSemaphore, configure
+from distlock._cli.inspect import (
     BARRIER,
     COND,
     EVENT,
@@ -57,8 +50,8 @@ from distlock._inspect import (
     sort_rows,
     split_key,
 )
-from distlock._server import free_port
-from distlock._top import snapshot
+from distlock._cli.top import snapshot
+from distlock.testing.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMEOUT = 60  # seconds: the bound of every subprocess call here

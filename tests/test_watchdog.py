@@ -14,7 +14,7 @@ import pytest
 
 import distlock
 from distlock import DistLock, DistRLock
-from distlock._watchdog import Watchdog
+from distlock._session.watchdog import Watchdog
 
 
 @pytest.mark.real_redis

@@ -7,10 +7,13 @@ once and return an awaitable (``lock.release()``), queries return an awaitable
 (``await lock.locked()``). See docs/guides/asyncio.rst.
 """
 
-from .._errors import NotEnoughReplicasError
-from ._condition import DistCondition, DistReadWriteLock
+from .._core.errors import NotEnoughReplicasError
+from ._barrier import BrokenBarrierError, DistBarrier
+from ._condition import DistCondition
+from ._event import DistEvent
 from ._lock import DistLock, DistRLock
-from ._sync import BrokenBarrierError, DistBarrier, DistBoundedSemaphore, DistEvent, DistSemaphore
+from ._rwlock import DistReadWriteLock
+from ._semaphore import DistBoundedSemaphore, DistSemaphore
 
 __all__ = ["DistLock", "DistRLock", "DistReadWriteLock", "DistCondition", "DistSemaphore",
            "DistBoundedSemaphore", "DistEvent", "DistBarrier", "BrokenBarrierError",

@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Optional, TypeVar
 
-from .. import _condition, _lock, _rwlock
-from .._config import check_async_client, settings
-from .._flow import Query, Started
-from .._logic import check_lease, check_name
-from .._replicas import refuse_options
-from .._rwlogic import RWKeys
+from .._core.checks import check_name
+from .._core.flow import Query, Started
+from .._core.replicas import refuse_options
+from .._primitives import condition as _condition
+from .._primitives import lock as _lock
+from .._redis.clients import check_async_client
 from ._lock import DistLock, DistRLock, _AsyncLock
-from ._shell import AsyncShell, task_ident
+from ._shell import AsyncShell
 
-__all__ = ["DistCondition", "DistReadWriteLock"]
+__all__ = ["DistCondition"]
 
 T = TypeVar("T")
 
@@ -104,37 +104,3 @@ class DistCondition(AsyncShell, _condition.DistCondition):
         await self._lock.release()
 
 
-class _AsyncSide(_AsyncLock):
-    @staticmethod
-    def _me() -> Any:
-        return task_ident()
-
-
-class DistReadLock(_AsyncSide, _rwlock.DistReadLock):  # type: ignore[misc]
-    """The read side of a ``distlock.asyncio.DistReadWriteLock`` (owned by the task)."""
-
-
-class DistWriteLock(_AsyncSide, _rwlock.DistWriteLock):  # type: ignore[misc]
-    """The write side of a ``distlock.asyncio.DistReadWriteLock`` (owned by the task)."""
-
-
-class DistReadWriteLock(_rwlock.DistReadWriteLock):
-    """The blocking DistReadWriteLock's semantics for tasks: ``read_lock()`` and
-    ``write_lock()`` return its two sides, each with ``distlock.asyncio.DistRLock``'s surface
-    (``await side.acquire()``, ``async with side``, ``side.release()``); the same lock as
-    ``distlock.DistReadWriteLock`` of that name."""
-
-    def __init__(self, name: str, *, client: Any = None, lease: Optional[float] = None,
-                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
-        self._name = check_name(name)
-        check_lease(lease)
-        if client is not None:  # before the sides' own checks, which name DistReadLock
-            check_async_client(client, "DistReadWriteLock")
-        rw = RWKeys.of(settings().prefix, self._name)
-        self._read = DistReadLock(self._name, rw, client=client, lease=lease,
-                                  min_replicas=min_replicas, replica_timeout=replica_timeout)
-        self._write = DistWriteLock(self._name, rw, client=client, lease=lease,
-                                    min_replicas=min_replicas, replica_timeout=replica_timeout)
-
-    def __repr__(self) -> str:
-        return f"<distlock.asyncio.DistReadWriteLock object name={self._name!r} at {hex(id(self))}>"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .. import _lock
-from .._flow import Query, Started, adrive
-from .._logic import check_acquire_args
+from .._core.checks import check_acquire_args
+from .._core.flow import Query, Started, adrive
+from .._primitives import lock as _lock
 from ._shell import AsyncShell, task_ident
 
 __all__ = ["DistLock", "DistRLock"]

@@ -21,12 +21,13 @@ import logging
 import weakref
 from typing import Any, Callable, Optional
 
-from .._asession import AsyncPort, port_for
-from .._config import check_async_client, resolve_async_client
-from .._fairlogic import refuse_fair_quorum
-from .._flow import Flow, Query, Started, adrive, start
-from .._replicas import refuse_quorum
-from .._session import Session
+from .._core.flow import Flow, Query, Started, adrive, start
+from .._core.replicas import refuse_quorum
+from .._primitives.fair import refuse_fair_quorum
+from .._redis.aport import AsyncPort, port_for
+from .._redis.clients import check_async_client
+from .._session.config import resolve_async_client
+from .._session.session import Session
 
 __all__ = ["AsyncShell", "task_ident"]
 

@@ -40,8 +40,8 @@ import redis
 if __package__ in (None, ""):  # run from a source checkout: make ``distlock`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from distlock import DistCondition, DistRLock  # noqa: E402
-from distlock._server import RedisServer  # noqa: E402
+from distlock import DistCondition, DistRLock
+from distlock.testing.server import RedisServer
 
 LOCK_NAME = "example:queue"
 QUEUE_KEY = "example:queue:items"

@@ -31,8 +31,8 @@ import redis
 if __package__ in (None, ""):  # run from a source checkout: make ``distlock`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from distlock import DistReadWriteLock  # noqa: E402
-from distlock._server import RedisServer  # noqa: E402
+from distlock import DistReadWriteLock
+from distlock.testing.server import RedisServer
 
 LOCK_NAME = "example:cache"
 PART_KEY = "example:cache:part:{}"

@@ -1,0 +1,878 @@
+"""The ``distlock`` command line (also ``python -m distlock``).
+
+Subcommands: ``run`` (flock(1) across hosts), ``status``, ``list``, ``top``,
+``release --force``, ``demo`` and ``bench``. ``--url`` (or ``$DISTLOCK_URL``) names one server,
+or a Redis Cluster as ``redis+cluster://host:port[,host:port...]/``; on a cluster ``status``,
+``list``, ``release`` and ``top`` SCAN every master and read each name on its slot's master
+(``_top.servers``). Exit statuses follow sysexits(3) where one fits:
+
+- 0 success; a ``run`` passes its command's status through (128 + N for a signal N);
+- 1 a refused or failed admin action (``release`` without ``--force``);
+- 2 bad arguments (argparse's one-line usage error);
+- 69 (EX_UNAVAILABLE) the Redis server cannot be reached;
+- 70 (EX_SOFTWARE) any other Redis error;
+- 75 (EX_TEMPFAIL, ``--conflict-exit-code``) ``run`` could not take the lock in time;
+- 76 ``run`` lost its lease while the command ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from .. import __version__
+from .._core.errors import LockLostError
+from .._core.keys import Keys
+from .._core.settings import settings
+from .._primitives.lock import hold_of, still_held
+from .._redis.urls import client_from_url, cluster_url, sentinel_url
+from .._session.config import DEFAULT_URL
+from .._session.session import session_for
+from .inspect import (
+    LockState,
+    Owner,
+    exclusive_state,
+    free_state,
+    name_from_key,
+    redact_url,
+    rw_state,
+    scan_pattern,
+)
+from .top import by_server, execute, routed, scan_keys, servers, time_ms
+
+__all__ = ["main", "build_parser", "connect", "EXIT_UNAVAILABLE", "EXIT_LOST", "EXIT_CONFLICT"]
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 69
+EXIT_SOFTWARE = 70
+EXIT_CONFLICT = 75
+EXIT_LOST = 76
+
+#: How often ``distlock run`` checks that its hold is still in Redis (one HGET), so that a
+#: force-release or a server restart stops the command within about this long. The library's
+#: watchdog would notice too, but only at its next renewal (every 10 s by default).
+RUN_CHECK_EVERY = 1.0
+
+#: Default grace period between SIGTERM and SIGKILL after a lost lease.
+DEFAULT_KILL_AFTER = 10.0
+
+#: ``distlock top``: the default and the shortest time between two refreshes.
+DEFAULT_TOP_INTERVAL = 1.0
+MIN_TOP_INTERVAL = 0.1
+
+FORWARDED_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class _Fail(Exception):
+    """A one-line error for the user, with an exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _err(message: str) -> None:
+    print(f"distlock: {message}", file=sys.stderr, flush=True)
+
+
+# --- argument types (argparse turns their ArgumentTypeError into exit 2) ----------------------
+
+def _seconds(allow_zero: bool) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if math.isnan(value) or math.isinf(value) or value < 0 or (value == 0 and not allow_zero):
+            need = "a non-negative" if allow_zero else "a positive"
+            raise argparse.ArgumentTypeError(f"must be {need}, finite number of seconds: {text!r}")
+        return value
+
+    return parse
+
+
+def _exit_code(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an exit status: {text!r}") from None
+    if not 0 <= value <= 255:
+        raise argparse.ArgumentTypeError(f"exit status must be within 0..255: {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(False)(text)
+    if value < MIN_TOP_INTERVAL:
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_TOP_INTERVAL:g} seconds: {text!r}")
+    return value
+
+
+def _name(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("a lock name must not be empty")
+    return text
+
+
+# --- the parser -------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--url", default=None, metavar="URL",
+        help=f"Redis server URL (default: $DISTLOCK_URL, then {DEFAULT_URL})")
+
+    parser = argparse.ArgumentParser(
+        prog="distlock",
+        description="threading's locks across processes and hosts, on Redis: run a command "
+                    "under a lock, look at who holds what, break a stuck lock, see a demo.")
+    parser.add_argument("--version", action="version", version=f"distlock {__version__}")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
+    sub.required = True
+
+    run = sub.add_parser(
+        "run", parents=[common], help="run a command while holding a lock (flock(1) across hosts)",
+        description="Take the lock NAME, run COMMAND, release the lock when COMMAND ends, however "
+                    "it ends. COMMAND's exit status is passed through. The fencing token of the "
+                    "hold is in COMMAND's environment as DISTLOCK_TOKEN.",
+        usage="distlock run NAME [options] -- COMMAND [ARGS...]")
+    run.add_argument("name", metavar="NAME", type=_name, help="the lock's name")
+    wait = run.add_mutually_exclusive_group()
+    wait.add_argument("--timeout", type=_seconds(True), metavar="S",
+                      help="wait at most S seconds for the lock (default: wait as long as it takes)")
+    wait.add_argument("--nonblock", "-n", action="store_true",
+                      help="do not wait: fail at once when the lock is held")
+    run.add_argument("--lease", type=_seconds(False), metavar="S",
+                     help="an explicit lease of S seconds, never renewed: COMMAND is stopped when it "
+                          "runs out (default: a watchdog renews the lease while COMMAND runs)")
+    side = run.add_mutually_exclusive_group()
+    side.add_argument("--shared", "-s", action="store_true",
+                      help="take the read side of the DistReadWriteLock NAME (like flock -s): "
+                           "shared with other readers, excluded by its writers")
+    side.add_argument("--write", "-x", action="store_true",
+                      help="take the write side of the DistReadWriteLock NAME, the exclusive "
+                           "partner of --shared (without either, run takes the DistLock NAME)")
+    run.add_argument("--conflict-exit-code", "-E", type=_exit_code, default=EXIT_CONFLICT,
+                     metavar="N", help=f"exit status when the lock is not taken in time "
+                                       f"(default {EXIT_CONFLICT})")
+    run.add_argument("--kill-after", type=_seconds(True), default=DEFAULT_KILL_AFTER, metavar="S",
+                     help="after a lost lease, SIGKILL COMMAND this long after SIGTERM "
+                          f"(default {DEFAULT_KILL_AFTER:g})")
+    run.add_argument("command", nargs="*", metavar="COMMAND",
+                     help="the command to run and its arguments, after -- (everything after -- "
+                          "is passed as it is)")
+
+    status = sub.add_parser("status", parents=[common], help="show who holds the named locks",
+                            description="For each NAME: held or free, owners (session, thread, "
+                                        "host, pid), reentrancy count, remaining lease, fencing "
+                                        "token and kind of primitive.")
+    status.add_argument("names", nargs="+", metavar="NAME", type=_name)
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    lst = sub.add_parser("list", parents=[common], help="list held locks (SCAN, never KEYS)",
+                         description="List every held primitive whose name matches PATTERN "
+                                     "(a Redis glob, default *), found with SCAN.")
+    lst.add_argument("pattern", nargs="?", default="*", metavar="PATTERN")
+    lst.add_argument("--json", action="store_true", help="machine-readable output")
+
+    top = sub.add_parser(
+        "top", parents=[common], help="a live view of what is held and who waits",
+        description="A live view of one Redis server, refreshed every second: one row per "
+                    "primitive held or waited on (kind, holder host:pid, hold age, lease left, "
+                    "fencing token, waiters and the oldest wait), sorted by the oldest wait. "
+                    "Found with SCAN, never KEYS. Quit with q or Ctrl-C.")
+    top.add_argument("--interval", "-i", type=_interval, default=DEFAULT_TOP_INTERVAL,
+                     metavar="S", help=f"seconds between refreshes (default "
+                                       f"{DEFAULT_TOP_INTERVAL:g}, at least {MIN_TOP_INTERVAL:g})")
+    top.add_argument("--once", action="store_true",
+                     help="print one snapshot and exit (every row, unless --limit)")
+    top.add_argument("--json", action="store_true",
+                     help="print one snapshot as JSON and exit (implies --once)")
+    top.add_argument("--limit", type=_positive_int, metavar="N",
+                     help="show at most N rows (default: as many as fit the terminal; with "
+                          "--once, all)")
+
+    release = sub.add_parser(
+        "release", parents=[common], help="break a stuck lock (needs --force)",
+        description="Break the hold on NAME: delete it, move the fencing token on and wake every "
+                    "waiter. The old holder finds its lease lost at its next renewal or release. "
+                    "Without --force, only show who holds it.")
+    release.add_argument("name", metavar="NAME", type=_name)
+    release.add_argument("--force", action="store_true", help="really break the hold")
+
+    demo = sub.add_parser(
+        "demo", help="the lost-update race without and with distlock, on a private server",
+        description="Run N worker processes that each read a shared counter, add one and write it "
+                    "back, K times: without a lock, with DistLock, and with DistRLock taken twice. "
+                    "Without --url it starts a private redis-server (or fakeredis' TCP server "
+                    "when there is none); $DISTLOCK_URL is not used.")
+    demo.add_argument("--url", default=None, metavar="URL",
+                      help="use this Redis server instead of a private one")
+    demo.add_argument("--workers", "-w", type=_positive_int, default=4, metavar="N",
+                      help="worker processes (default 4)")
+    demo.add_argument("--increments", "-k", type=_positive_int, default=200, metavar="K",
+                      help="increments per worker and run (default 200)")
+
+    bench = sub.add_parser(
+        "bench", help="run the benchmark suite",
+        usage="distlock bench [--cluster] [FIGURE...] [--quick] [--json PATH] "
+              "[other options of the benchmark script]",
+        description="Run benchmarks/bench_locks.py from the source tree (all figures, or those "
+                    "named) and print the table. It always starts its own fresh redis-server, so "
+                    "it takes no --url; other options go to bench_locks.py as they are. With "
+                    "--cluster, run benchmarks/bench_cluster.py instead: distlock on a private "
+                    "Redis Cluster (3 masters, 3 replicas) against one server.")
+    bench.add_argument("--cluster", action="store_true",
+                       help="benchmark distlock on a private Redis Cluster (bench_cluster.py; "
+                            "figures: commands, spread, handoff, watchdog)")
+    bench.add_argument("figures", nargs="*", metavar="FIGURE",
+                       help="floor, uncontended, handoff, contended, herd, idle, connections")
+    return parser
+
+
+def _split_command(argv: List[str]) -> tuple[List[str], Optional[List[str]]]:
+    """For ``run``, split off everything after the first ``--`` as the command, verbatim."""
+    if "run" in argv and "--" in argv[argv.index("run"):]:
+        at = argv.index("--", argv.index("run"))
+        return argv[:at], argv[at + 1:]
+    return argv, None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the ``distlock`` console script and of ``python -m distlock``."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    head, command = _split_command(args_list)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(head)
+    if extra and args.command_name != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    if args.command_name == "bench":
+        # everything after "bench" but --cluster goes to the script as it is (an option's
+        # value must not be taken for a FIGURE: "--rounds 3")
+        args.extra = [a for a in head[head.index("bench") + 1:] if a != "--cluster"]
+        if any(a == "--url" or a.startswith("--url=") for a in args.extra):
+            parser.error("bench starts servers of its own and takes no --url (a given server's "
+                         "figures could not be compared with the floors of the same run); "
+                         "--cluster benchmarks distlock on a private Redis Cluster")
+    if command is not None:
+        args.command = [*args.command, *command]
+    handlers: Dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
+        "run": cmd_run, "status": cmd_status, "list": cmd_list, "top": cmd_top,
+        "release": cmd_release, "demo": cmd_demo, "bench": cmd_bench,
+    }
+    url = getattr(args, "url", None)
+    if url is None and args.command_name not in ("demo", "bench"):
+        url = os.environ.get("DISTLOCK_URL") or DEFAULT_URL
+    args.url = url
+    try:
+        return handlers[args.command_name](args, parser)
+    except _Fail as exc:
+        _err(str(exc))
+        return exc.status
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        _err(f"cannot reach the Redis server at {redact_url(url or '?')}: {_one_line(exc)}")
+        return EXIT_UNAVAILABLE
+    except (redis.RedisError, RedisClusterException) as exc:
+        _err(f"Redis error from {redact_url(url or '?')}: {_one_line(exc)}")
+        return EXIT_SOFTWARE
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return 128 + signal.SIGINT
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
+
+
+def connect(url: str, **kwargs: Any) -> Any:
+    """The client of ``url``, with ``kwargs`` for redis-py: a ``redis.RedisCluster`` for
+    ``redis+cluster://host:port[,host:port...]/`` (or ``rediss+cluster://``), which reads the
+    slot map and so connects now; else a ``redis.Redis``, which connects on its first command.
+
+    Raise ValueError for a URL redis-py cannot parse (before connecting), and
+    redis.ConnectionError when none of a cluster's nodes can be reached.
+    """
+    _parsed(url)
+    try:
+        return client_from_url(url, **kwargs)
+    except RedisClusterException as exc:
+        if isinstance(exc.__cause__, (redis.ConnectionError, redis.TimeoutError)):
+            raise redis.ConnectionError(_one_line(exc.__cause__)) from exc
+        raise
+
+
+def _parsed(url: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
+    """``cluster_url(url)``, once redis-py parsed the URL (without connecting): ValueError when
+    it cannot. A sentinel URL (``redis+sentinel://``) is parsed by ``sentinel_url``."""
+    if sentinel_url(url) is not None:
+        return None
+    parsed = cluster_url(url)
+    redis.connection.parse_url(url if parsed is None else parsed[0])  # type: ignore[no-untyped-call]
+    return parsed
+
+
+def _check_url(url: str, parser: argparse.ArgumentParser) -> None:
+    """A URL redis-py cannot parse is a usage error (nothing connects)."""
+    try:
+        _parsed(url)
+    except ValueError as exc:
+        parser.error(f"argument --url: {_one_line(exc)}")
+
+
+def _client(url: str, parser: argparse.ArgumentParser) -> Any:
+    try:
+        return connect(url, socket_connect_timeout=10)
+    except ValueError as exc:
+        parser.error(f"argument --url: {_one_line(exc)}")
+        raise  # not reached: parser.error exits
+
+
+# --- status, list, release -------------------------------------------------------------------
+
+def _rw_keys(name: str) -> Any:
+    """The read/write lock's keys of ``name``, or None when this version has no such lock."""
+    try:
+        from .._core.keys import RWKeys
+    except ImportError:
+        return None
+    return RWKeys.of(settings().prefix, name)
+
+
+def fetch_states(client: Any, names: Sequence[str]) -> List[LockState]:
+    """Every primitive held under each name (or one ``free`` state): one round trip per server
+    that holds one of the names (one server; on a cluster, the masters of their slots), with
+    that server's TIME."""
+    return routed(client, lambda: _fetch_states(client, names))
+
+
+def _fetch_states(client: Any, names: Sequence[str]) -> List[LockState]:
+    prefix = settings().prefix
+    found: List[List[LockState]] = [[] for _ in names]
+    for server, indexes in by_server(client, [Keys(prefix, name).lock for name in names]):
+        pipe = server.pipeline(transaction=False)
+        pipe.time()
+        for i in indexes:
+            _queue_state_reads(pipe, prefix, names[i])
+        replies = execute(pipe)
+        now_ms = time_ms(replies[0])
+        at = 1
+        for i in indexes:
+            found[i], at = _read_states(prefix, names[i], replies, at, now_ms)
+    return [state for states in found for state in states]
+
+
+def _queue_state_reads(pipe: Any, prefix: str, name: str) -> None:
+    k = Keys(prefix, name)
+    pipe.type(k.lock)
+    pipe.hgetall(k.lock)
+    pipe.pttl(k.lock)
+    pipe.get(k.fence)
+    rw = _rw_keys(name)
+    if rw is not None:
+        pipe.type(rw.writer)
+        pipe.hgetall(rw.writer)
+        pipe.pttl(rw.writer)
+        pipe.zrange(rw.readers, 0, -1, withscores=True)
+        pipe.zrange(rw.queue, 0, -1, withscores=True)
+
+
+def _read_states(prefix: str, name: str, replies: List[Any], at: int,
+                 now_ms: int) -> tuple[List[LockState], int]:
+    """The states of ``name`` from ``replies[at:]``, queued by ``_queue_state_reads``; and
+    where the next name's replies begin."""
+    k = Keys(prefix, name)
+    key_type, fields, pttl, fence = replies[at:at + 4]
+    at += 4
+    found = [exclusive_state(name, k.lock, key_type, fields, pttl, fence)]
+    rw = _rw_keys(name)
+    if rw is not None:
+        w_type, w_fields, w_pttl, readers, queue = replies[at:at + 5]
+        at += 5
+        found.append(rw_state(name, rw.writer, writer_type=w_type, writer_fields=w_fields,
+                              writer_pttl=w_pttl, readers=readers, queue=queue,
+                              now_ms=now_ms, fence=fence))
+    held = [state for state in found if state is not None]
+    return held or [free_state(name, k.lock, fence)], at
+
+
+def _who(o: Owner) -> str:
+    who = f"thread {o.thread}" if o.thread is not None else f"hold {o.hold_id}"
+    where = f"{o.host} pid {o.pid}" if o.host is not None else "host not recorded"
+    mode = "" if o.mode == "exclusive" else f"{o.mode} "
+    return f"{mode}session {o.session} {who} on {where}"
+
+
+def describe(state: LockState) -> List[str]:
+    """Human-readable lines for one state."""
+    if not state.held:
+        last = f"last token {state.token}" if state.token is not None else "never granted"
+        return [f"{state.name}: free ({last})"]
+    lease = "no expiry" if state.lease_ms is None else f"lease {state.lease_ms / 1000:.1f} s left"
+    lines = [f"{state.name}: held, {state.kind}, token {state.token}, count {state.count}, {lease}"]
+    for o in state.owners:
+        extra = "" if o.token is None else f", token {o.token}"
+        if o.lease_ms is not None:
+            extra += f", lease {o.lease_ms / 1000:.1f} s left"
+        lines.append(f"  owner {_who(o)}, count {o.count}{extra}")
+    if state.waiting_writers:
+        lines.append(f"  {state.waiting_writers} writer(s) waiting")
+    for key, value in state.extra.items():
+        lines.append(f"  {key} = {value}")
+    return lines
+
+
+def _print_states(states: Sequence[LockState], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([s.to_json() for s in states], indent=2, sort_keys=True))
+        return
+    for state in states:
+        for line in describe(state):
+            print(line)
+
+
+def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    client = _client(args.url, parser)
+    _print_states(fetch_states(client, args.names), args.json)
+    return 0
+
+
+def _held_suffixes() -> List[str]:
+    """The key suffixes (after ``}``) that exist only while something holds the name."""
+    prefix = settings().prefix
+    tag = Keys(prefix, "x").tag
+    suffixes = [Keys(prefix, "x").lock[len(tag):]]
+    rw = _rw_keys("x")
+    if rw is not None:
+        suffixes += [rw.writer[len(tag):], rw.readers[len(tag):]]
+    return suffixes
+
+
+def list_names(client: Any, pattern: str) -> List[str]:
+    """Names whose hold keys exist and match ``pattern``, found with SCAN (never KEYS) on
+    every server: the one, or every master of a cluster."""
+    return routed(client, lambda: _list_names(client, pattern))
+
+
+def _list_names(client: Any, pattern: str) -> List[str]:
+    prefix = settings().prefix
+    suffixes = _held_suffixes()
+    match = scan_pattern(prefix, pattern)
+    found = set()
+    for server in servers(client):
+        for key in scan_keys(server, match):
+            name = name_from_key(prefix, key, suffixes)
+            if name is not None:
+                found.add(name)
+    return sorted(found)
+
+
+def cmd_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    client = _client(args.url, parser)
+    names = list_names(client, args.pattern)
+    states = [s for s in fetch_states(client, names) if s.held] if names else []
+    if not states and not args.json:
+        print(f"no held locks match {args.pattern!r}")
+        return 0
+    _print_states(states, args.json)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .top import run_top
+
+    client = _client(args.url, parser)
+    return run_top(client, redact_url(args.url), interval=args.interval, limit=args.limit,
+                   once=args.once, as_json=args.json)
+
+
+def _holder_summary(state: LockState) -> str:
+    owners = "; ".join(_who(o) for o in state.owners) or "an unknown holder"
+    return f"{owners} ({state.kind}, token {state.token})"
+
+
+def _force_release(client: Any, state: LockState) -> tuple[int, int]:
+    """Run force_release.lua on the keys of ``state``'s primitive; return its reply."""
+    k = Keys(settings().prefix, state.name)
+    rw = _rw_keys(state.name) if state.kind == "DistReadWriteLock" else None
+    if rw is not None:
+        channels = [rw.writer_channel, rw.reader_channel]
+        data = [rw.writer, rw.readers]
+        writer = [o for o in state.owners if o.mode == "write"]
+        seen = str(state.token) if writer and state.token is not None else ""
+    else:
+        # every waiting process listens on its own channel, registered in the lock's queue
+        registered = [m.decode() if isinstance(m, bytes) else m for m in client.zrange(k.queue, 0, -1)]
+        channels = [k.channel, *registered]
+        data = [k.lock]
+        seen = "" if state.token is None or state.kind.startswith("unknown") else str(state.token)
+    retention = max(1, settings().fence_retention_ms)
+    # A state change: through the executor, sent once (a retry after a lost reply could break
+    # the next holder's hold), with errors located in force_release.lua.
+    broken, fence = session_for(client).run("force_release", (k.fence, *channels, *data),
+                                            (seen, len(channels), retention))
+    return int(broken), int(fence)
+
+
+def cmd_release(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    client = _client(args.url, parser)
+    held = [s for s in fetch_states(client, [args.name]) if s.held]
+    if not held:
+        print(f"{args.name}: not held; nothing to release")
+        return 0
+    if not args.force:
+        for state in held:
+            _err(f"{args.name} is held by {_holder_summary(state)}")
+        _err(f"refusing to break {args.name!r} without --force")
+        return EXIT_REFUSED
+    status = 0
+    for state in held:
+        broken, fence = _force_release(client, state)
+        if broken == -1:
+            _err(f"{args.name} changed hands meanwhile (now token {fence}); nothing broken, "
+                 "run the command again")
+            status = EXIT_REFUSED
+        elif broken == 0 and fence == 0:
+            print(f"{args.name}: no longer held; nothing to release")
+        else:
+            print(f"{args.name}: released by force; it was held by {_holder_summary(state)}. "
+                  f"Waiters were woken; the next grant gets a token above {fence}.")
+    return status
+
+
+# --- run ---------------------------------------------------------------------------------------
+
+def _make_lock(args: argparse.Namespace, client: Any,
+               parser: argparse.ArgumentParser) -> Any:
+    import distlock
+
+    if args.shared or args.write:
+        rwlock = getattr(distlock, "DistReadWriteLock", None)
+        if rwlock is None:
+            option = "--shared" if args.shared else "--write"
+            parser.error(f"{option} needs distlock.DistReadWriteLock, which this version of "
+                         "distlock does not have")
+        rw = rwlock(args.name, client=client, lease=args.lease)
+        return rw.read_lock() if args.shared else rw.write_lock()
+    return distlock.DistLock(args.name, client=client, lease=args.lease)
+
+
+def _hold_of(lock: Any) -> Any:
+    """The library's record of ``lock``'s current hold (key, token, expiry), if it has one."""
+    try:
+        return hold_of(lock)
+    except Exception:  # noqa: BLE001 - a primitive without that protocol: no extra checks
+        return None
+
+
+def _tty_forwards_sigint() -> bool:
+    """True when a terminal sends SIGINT to our whole process group, the command included.
+
+    Then a Ctrl-C reaches the command directly, and forwarding it would deliver it twice.
+    """
+    if not hasattr(os, "tcgetpgrp"):
+        return False
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
+class _Terminated(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Runner:
+    """The command, the hold, and what happens when one of them ends first."""
+
+    def __init__(self, args: argparse.Namespace, lock: Any) -> None:
+        self.args = args
+        self.lock = lock
+        self.child: Optional[subprocess.Popen[bytes]] = None
+        self.lost_reason: Optional[str] = None
+        self.killed = False
+        #: set while release() runs: a renewal that raced with it may report the hold gone, but
+        #: release() itself says whether the hold was still ours
+        self.releasing = False
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self._killer: Optional[threading.Timer] = None
+        #: the library's record of the hold, taken by the thread that acquired it
+        self.hold: Any = None
+
+    def lost(self, reason: str) -> None:
+        """The lease is gone: say why, SIGTERM the command, SIGKILL it after the grace period."""
+        with self._mutex:
+            if self.lost_reason is not None or self.releasing:
+                return
+            self.lost_reason = reason
+            child = self.child
+        _err(f"lost the lock {self.args.name!r}: {reason}")
+        if child is not None:
+            self._stop_child(child)
+
+    def _stop_child(self, child: subprocess.Popen[bytes]) -> None:
+        if child.poll() is not None:
+            return
+        _err(f"stopping the command (pid {child.pid}): SIGTERM now, SIGKILL in "
+             f"{self.args.kill_after:g} s")
+        try:
+            child.send_signal(signal.SIGTERM)
+        except OSError:
+            return
+        killer = threading.Timer(self.args.kill_after, self._kill, args=(child,))
+        killer.name = "distlock-run-killer"
+        killer.daemon = True
+        self._killer = killer
+        killer.start()
+
+    def _kill(self, child: subprocess.Popen[bytes]) -> None:
+        if child.poll() is None:
+            self.killed = True
+            _err(f"the command did not stop within {self.args.kill_after:g} s; sending SIGKILL")
+            try:
+                child.kill()
+            except OSError:
+                pass
+
+    def monitor(self) -> None:
+        """Check every RUN_CHECK_EVERY seconds that the hold is still ours; with an explicit
+        lease, declare it lost when it runs out (nothing renews it)."""
+        hold = self.hold
+        expires_at = getattr(hold, "expires_at", None) if self.args.lease is not None else None
+        while not self._stop.is_set():
+            wait = RUN_CHECK_EVERY
+            if expires_at is not None:
+                wait = min(wait, max(0.0, expires_at - time.monotonic()))
+            if self._stop.wait(wait):
+                return
+            if expires_at is not None and time.monotonic() >= expires_at:
+                self._mark_lost(hold, f"its lease of {self.args.lease:g} s ran out "
+                                      "(--lease is never renewed)")
+                return
+            if hold is None or getattr(hold, "lost", False):
+                continue
+            try:
+                held = still_held(self.lock, hold)
+            except (redis.ConnectionError, redis.TimeoutError, RedisClusterException):
+                continue  # the watchdog decides when an unreachable server means a lost lease
+            except redis.RedisError as exc:  # an answer, but not one that says "still yours"
+                self._mark_lost(hold, f"its hold cannot be confirmed in Redis ({exc})")
+                return
+            if not held:
+                self._mark_lost(hold, "the hold is gone from Redis (force-released, expired, or "
+                                      "the server restarted)")
+                return
+
+    def _mark_lost(self, hold: Any, reason: str) -> None:
+        session = getattr(hold, "session", None)
+        self.lost(reason)
+        if session is not None:
+            session.mark_lost(hold, reason)  # the library agrees: release() raises LockLostError
+
+    def stop(self) -> None:
+        self._stop.set()
+        killer = self._killer
+        if killer is not None:
+            killer.cancel()
+
+
+def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if not args.command:
+        parser.error("run needs a COMMAND after --")
+    client = _client(args.url, parser)
+    lock = _make_lock(args, client, parser)
+    runner = _Runner(args, lock)
+    lock.on_lost(lambda _lock: runner.lost(
+        "its lease was lost (renewal found the hold gone or someone else's)"))
+
+    def terminate(signum: int, frame: Optional[FrameType]) -> None:
+        raise _Terminated(signum)
+
+    previous = {sig: signal.signal(sig, terminate) for sig in FORWARDED_SIGNALS
+                if sig != signal.SIGINT}
+    try:
+        try:
+            if args.nonblock:
+                acquired = lock.acquire(blocking=False)
+            elif args.timeout is not None:
+                acquired = lock.acquire(timeout=args.timeout)
+            else:
+                acquired = lock.acquire()
+        except KeyboardInterrupt:
+            _err(f"interrupted while waiting for {args.name!r}")
+            return 128 + signal.SIGINT
+        except _Terminated as exc:
+            _err(f"{signal.Signals(exc.signum).name} while waiting for {args.name!r}")
+            return 128 + exc.signum
+        if not acquired:
+            how = "" if args.nonblock else f" within {args.timeout:g} s"
+            held = ""
+            try:
+                states = [s for s in fetch_states(client, [args.name]) if s.held]
+                if states:
+                    held = "; held by " + "; ".join(_holder_summary(s) for s in states)
+            except (redis.RedisError, RedisClusterException):
+                pass
+            _err(f"could not take {args.name!r}{how}{held}")
+            return int(args.conflict_exit_code)
+        # The hold is looked up here, in the thread that took it: a DistRLock's or a read or
+        # write side's hold belongs to its thread, and the monitor thread would find none.
+        runner.hold = _hold_of(lock)
+        return _run_holding(args, lock, runner, previous)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
+                 previous: Dict[int, Any]) -> int:
+    env = dict(os.environ)
+    token = lock.token
+    if token is not None:
+        env["DISTLOCK_TOKEN"] = str(token)
+    env["DISTLOCK_NAME"] = args.name
+    tty_sigint = _tty_forwards_sigint()
+    pending: List[int] = []  # signals that arrived before the command started
+
+    def forward(signum: int, frame: Optional[FrameType]) -> None:
+        if signum == signal.SIGINT and tty_sigint:
+            return  # the terminal sent it to the command as well
+        child = runner.child
+        if child is None:
+            pending.append(signum)
+            return
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    monitor = threading.Thread(target=runner.monitor, name="distlock-run-monitor", daemon=True)
+    status: Optional[int] = None
+    try:
+        try:
+            for sig in FORWARDED_SIGNALS:
+                signal.signal(sig, forward)
+            child = subprocess.Popen(args.command, env=env)
+        except _Terminated as exc:  # arrived before the forwarding handlers were all in place
+            status = 128 + exc.signum
+        except OSError as exc:
+            _err(f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
+            status = 127 if isinstance(exc, FileNotFoundError) else 126
+        else:
+            with runner._mutex:
+                runner.child = child
+                lost_early = runner.lost_reason is not None
+            for signum in pending:
+                forward(signum, None)
+            if lost_early:
+                runner._stop_child(child)
+            monitor.start()
+            returncode = child.wait()
+            status = returncode if returncode >= 0 else 128 - returncode
+    finally:
+        runner.stop()
+        if monitor.is_alive():
+            monitor.join(timeout=5.0)
+        runner.releasing = True
+        try:
+            lock.release()
+        except LockLostError:
+            runner.releasing = False
+            runner.lost("its lease was found lost when releasing")
+        except redis.RedisError as exc:
+            _err(f"could not release {args.name!r} ({_one_line(exc)}); it ends with its lease")
+        # Signals that arrive from here on end distlock itself, as they normally would.
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, previous.get(sig, signal.default_int_handler
+                                             if sig == signal.SIGINT else signal.SIG_DFL))
+    if runner.lost_reason is not None:
+        how = "was killed (SIGKILL)" if runner.killed else f"ended with status {status}"
+        _err(f"the command {how} after the lease on {args.name!r} was lost")
+        return EXIT_LOST
+    assert status is not None
+    return status
+
+
+# --- demo and bench ------------------------------------------------------------------------------
+
+def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .demo import run_demo
+
+    if args.url is not None:
+        _check_url(args.url, parser)
+    return run_demo(url=args.url, workers=args.workers, increments=args.increments)
+
+
+def bench_script() -> Path:
+    """Where ``benchmarks/bench_locks.py`` is in a source checkout."""
+    return Path(__file__).resolve().parent.parent / "benchmarks" / "bench_locks.py"
+
+
+def cluster_bench_script() -> Path:
+    """Where ``benchmarks/bench_cluster.py`` (``distlock bench --cluster``) is in a source
+    checkout."""
+    return bench_script().parent / "bench_cluster.py"
+
+
+def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    script = "bench_cluster" if args.cluster else "bench_locks"
+    path = cluster_bench_script() if args.cluster else bench_script()
+    how = ("from a clone of the repository: pip install -e '.[bench]' && "
+           f"python benchmarks/{script}.py [FIGURE...]")
+    if not path.is_file():
+        raise _Fail(f"the benchmarks are not installed with the package; run them {how}",
+                    EXIT_REFUSED)
+    # Imported as benchmarks.<script> from the source tree, so that the worker processes it
+    # spawns can import its functions by the same name.
+    root = str(path.parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        module = importlib.import_module(f"benchmarks.{script}")
+    except ImportError as exc:
+        raise _Fail(f"the benchmarks need the bench extra ({_one_line(exc)}); run them {how}",
+                    EXIT_REFUSED) from None
+    if Path(getattr(module, "__file__", "") or "").resolve() != path:
+        raise _Fail(f"another 'benchmarks' package shadows {path}; run them {how}", EXIT_REFUSED)
+    entry = getattr(module, "main", None)
+    if not callable(entry):
+        raise _Fail(f"{path} has no main(); run it {how}", EXIT_REFUSED)
+    try:
+        result = entry(list(args.extra))
+    except SystemExit as exc:  # its own argparse said no
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return int(result or 0)

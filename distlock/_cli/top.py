@@ -1,0 +1,454 @@
+"""``distlock top``: the I/O (SCAN, pipelined reads, the terminal). The parsing, the rows, their
+order and their text are in ``_inspect`` (no I/O).
+
+One refresh:
+
+1. ``TIME`` and the first ``SCAN`` in one round trip, then ``SCAN ... COUNT 1000`` until the
+   cursor is back at 0 (never ``KEYS``): every key under the prefix, grouped by primitive;
+2. the reads of the primitives to show, pipelined ``READ_CHUNK`` primitives per round trip:
+   every primitive that may be waited on (their waits decide the order), then the others by
+   name up to the limit (the screen's height in the live view; all of them for ``--once``
+   without ``--limit``).
+
+So a refresh costs one SCAN per 1000 keys under the prefix (a held DistLock is two keys: its
+hash and its ``:fence``), plus about two reads per row shown or waited on.
+
+On a Redis Cluster every master is SCANned (each with its own ``TIME``), and the reads go, one
+pipeline per master, to the master of each primitive's slot (all keys of a primitive share its
+name's hash tag). The helpers for that (``servers``, ``by_server``, ``routed``) are shared with
+``distlock status``, ``list`` and ``release``: on one server they see one server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import sys
+import time
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    TextIO,
+    Tuple,
+    TypeVar,
+)
+
+import redis
+from redis.exceptions import AskError, ClusterDownError, RedisClusterException, TryAgainError
+
+from .._core.settings import settings
+from .._redis.executor_cluster import is_cluster
+from .inspect import (
+    BARRIER,
+    COND,
+    EVENT,
+    HOLD,
+    LEASES,
+    LOCK,
+    READERS,
+    RW,
+    SEM,
+    WAIT,
+    Found,
+    TopRow,
+    TopSnapshot,
+    barrier_row,
+    condition_row,
+    event_row,
+    exclusive_state,
+    format_top,
+    glob_escape,
+    group_keys,
+    lock_row,
+    pipeline_reply,
+    plan_reads,
+    rw_row,
+    rw_state,
+    semaphore_row,
+    sort_rows,
+)
+
+__all__ = ["snapshot", "run_top", "SCAN_COUNT", "READ_CHUNK", "READ_BUDGET", "servers", "server_of",
+           "by_server", "scan_keys", "execute", "routed", "time_ms", "READ_AGAIN_BOUND"]
+
+#: keys per SCAN call: a hint to the server, which walks about that many buckets per call
+SCAN_COUNT = 1000
+#: primitives read per pipelined round trip
+READ_CHUNK = 500
+#: the live view reads at most this many primitives per refresh (about 2 commands each): past
+#: it, the waited ones are read in name order and the oldest wait is among those
+READ_BUDGET = 2000
+
+#: header lines above the rows, and lines kept free below them
+_HEADER_LINES = 3
+
+
+# --- the servers: one, or every master of a cluster -------------------------------------------
+#
+# A keyspace lives on one server, or is split over the masters of a Redis Cluster by slot. The
+# commands below never send a keyless or multi-key command through a RedisCluster: they SCAN
+# each master (a SCAN sees one node's keys only), and read each primitive's keys on the master
+# of their slot, in one plain pipeline per master, with that master's own TIME (the deadlines
+# in a primitive's keys are that master's clock). On one server, ``servers`` is that server.
+
+T = TypeVar("T")
+
+#: How long (seconds) the reads of one command are done again on a cluster whose slot map
+#: changed under them (a redirection, a master replaced), each time on a fresh slot map.
+READ_AGAIN_BOUND = 2.0
+
+#: replies that mean "not on this node (now)": the slot moved, is moving, or the cluster is
+#: reconfiguring; the reads are done again on a fresh slot map (``routed``)
+_REDIRECTS = (AskError, TryAgainError, ClusterDownError)
+
+
+def servers(client: Any) -> List[Any]:
+    """Every server whose keys together are the keyspace: ``client`` itself, or for a
+    ``redis.RedisCluster`` a ``redis.Redis`` per master, as its slot map knows them."""
+    if is_cluster(client):
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
+    return [client]
+
+
+def server_of(client: Any, key: Any) -> Any:
+    """The server that holds ``key``: ``client`` itself, or the master of its slot."""
+    if is_cluster(client):
+        return client.get_redis_connection(client.get_node_from_key(key))
+    return client
+
+
+def by_server(client: Any, keys: Sequence[Any]) -> List[Tuple[Any, List[int]]]:
+    """The indexes of ``keys`` grouped by the server that holds each: (server, indexes), in
+    the order of each server's first key; one group on one server."""
+    groups: Dict[int, Tuple[Any, List[int]]] = {}
+    for i, key in enumerate(keys):
+        server = server_of(client, key)
+        groups.setdefault(id(server), (server, []))[1].append(i)
+    return list(groups.values())
+
+
+def time_ms(reply: Any) -> int:
+    """A TIME reply, in ms."""
+    seconds, micros = reply
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def execute(pipe: Any) -> List[Any]:
+    """Run a pipeline of reads: a redirection (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) raises, for
+    ``routed`` to read again; otherwise each reply as ``pipeline_reply`` reads it."""
+    replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, _REDIRECTS):
+            raise reply
+    return [pipeline_reply(r) for r in replies]
+
+
+def routed(client: Any, work: Callable[[], T]) -> T:
+    """``work()``, which only reads (safe to do again). On a cluster, when a node redirects
+    one of its reads (MOVED, ASK, TRYAGAIN, CLUSTERDOWN), the slot map is read again and
+    ``work()`` done again; so too when a node cannot be reached and the fresh slot map names
+    other masters (a failover): for at most ``READ_AGAIN_BOUND`` seconds. An unreachable node
+    that is still a master of the slot map is an error at once, as on one server."""
+    give_up = time.monotonic() + READ_AGAIN_BOUND
+    pause = 0.01
+    while True:
+        try:
+            return work()
+        except _REDIRECTS:
+            if not is_cluster(client) or time.monotonic() + pause > give_up:
+                raise
+            _read_slot_map(client)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if not is_cluster(client):
+                raise
+            before = _master_names(client)
+            _read_slot_map(client)
+            if _master_names(client) == before or time.monotonic() + pause > give_up:
+                raise  # no other master to read from (yet)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def _master_names(client: Any) -> Set[str]:
+    return {node.name for node in client.get_primaries()}
+
+
+def _read_slot_map(client: Any) -> None:
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException):
+        pass  # the next try meets the same trouble, and raises it
+
+
+def scan_keys(server: Any, match: str, count: int = SCAN_COUNT) -> Iterator[Any]:
+    """Every key of one server that matches ``match``: SCAN to the end, never KEYS."""
+    cursor: Any = 0
+    while True:
+        cursor, keys = server.scan(cursor=cursor, match=match, count=count)
+        yield from keys
+        if int(cursor) == 0:
+            return
+
+
+def scan(client: Any, prefix: str) -> Tuple[List[Tuple[Any, int]], List[Any], int]:
+    """((server, its ms) for each server, every key under ``prefix``, SCAN calls): SCAN to the
+    end on every server (every master of a cluster), never KEYS."""
+    match = glob_escape(prefix) + "*"
+    clocks: List[Tuple[Any, int]] = []
+    found: List[Any] = []
+    calls = 0
+    for server in servers(client):
+        pipe = server.pipeline(transaction=False)
+        pipe.time()
+        pipe.scan(cursor=0, match=match, count=SCAN_COUNT)
+        now, (cursor, keys) = execute(pipe)
+        clocks.append((server, time_ms(now)))
+        found.extend(keys)
+        calls += 1
+        while int(cursor) != 0:
+            cursor, keys = server.scan(cursor=cursor, match=match, count=SCAN_COUNT)
+            found.extend(keys)
+            calls += 1
+    return clocks, found, calls
+
+
+Reader = Callable[[List[Any]], Optional[TopRow]]
+
+
+def _queue_reads(pipe: Any, entry: Found, now_ms: int) -> Tuple[int, Reader]:
+    """Queue the reads of one primitive on ``pipe``: (how many, what makes its row of them)."""
+    keys = entry.keys
+    after = f"({now_ms}"
+    n = 0
+
+    def q(method: str, *args: Any, **kwargs: Any) -> int:
+        nonlocal n
+        getattr(pipe, method)(*args, **kwargs)
+        n += 1
+        return n - 1
+
+    if entry.family == LOCK:
+        hold = keys.get(HOLD)
+        fields_at = q("hgetall", hold) if hold else None
+        pttl_at = q("pttl", hold) if hold else None
+        wait_at = q("zcount", keys[WAIT], after, "+inf") if WAIT in keys else None
+
+        def read_lock(r: List[Any]) -> Optional[TopRow]:
+            state = None
+            if hold is not None:
+                fields = r[fields_at] if fields_at is not None else None
+                key_type = "hash" if fields else ("none" if fields == {} else "unknown")
+                pttl = r[pttl_at] if pttl_at is not None else None
+                state = exclusive_state(entry.name, hold, key_type, fields, pttl, None)
+            return lock_row(state, entry.name, now_ms=now_ms,
+                            waiting=r[wait_at] if wait_at is not None else None)
+        return n, read_lock
+    if entry.family == RW:
+        writer = keys.get(HOLD)
+        fields_at = q("hgetall", writer) if writer else None
+        pttl_at = q("pttl", writer) if writer else None
+        readers_at = q("zrange", keys[READERS], 0, -1, withscores=True) if READERS in keys else None
+        queue_at = q("zrange", keys[WAIT], 0, -1, withscores=True) if WAIT in keys else None
+
+        def read_rw(r: List[Any]) -> Optional[TopRow]:
+            fields = r[fields_at] if fields_at is not None else None
+            state = rw_state(
+                entry.name, writer or "", writer_type="hash" if fields else "none",
+                writer_fields=fields, writer_pttl=r[pttl_at] if pttl_at is not None else None,
+                readers=r[readers_at] if readers_at is not None else None,
+                queue=r[queue_at] if queue_at is not None else None, now_ms=now_ms, fence=None)
+            return rw_row(state, entry.name)
+        return n, read_rw
+    if entry.family == SEM:
+        sem = keys.get(HOLD)
+        members_at = q("zrange", sem, 0, -1, withscores=True) if sem else None
+        pttl_at = q("pttl", sem) if sem else None
+        wait_at = q("zcount", keys[WAIT], after, "+inf") if WAIT in keys else None
+        return n, lambda r: semaphore_row(
+            entry.name, r[members_at] if members_at is not None else None,
+            r[pttl_at] if pttl_at is not None else None, now_ms=now_ms,
+            waiting=r[wait_at] if wait_at is not None else None)
+    if entry.family == EVENT:
+        wait_at = q("zcount", keys[WAIT], after, "+inf") if WAIT in keys else None
+        return n, lambda r: event_row(entry.name, HOLD in keys,
+                                      waiting=r[wait_at] if wait_at is not None else None)
+    if entry.family == BARRIER:
+        state_at = q("hmget", keys[HOLD], "p", "b") if HOLD in keys else None
+        wait_at = q("zcount", keys[WAIT], after, "+inf") if WAIT in keys else None
+        return n, lambda r: barrier_row(
+            entry.name, (r[state_at] or []) if state_at is not None else [],
+            waiting=r[wait_at] if wait_at is not None else None)
+    if entry.family == COND:
+        live_at = q("zcount", keys[LEASES], after, "+inf") if LEASES in keys else None
+        oldest_at = q("zrange", keys[WAIT], 0, 0, withscores=True)
+        return n, lambda r: condition_row(
+            entry.cond or entry.name, entry.name, now_ms=now_ms, oldest=r[oldest_at],
+            waiting=r[live_at] if live_at is not None else None)
+    return n, lambda r: None
+
+
+def snapshot(client: Any, url: str, limit: Optional[int] = None,
+             budget: Optional[int] = None) -> TopSnapshot:
+    """One refresh: SCAN, then the pipelined reads of the rows to show (``limit`` rows, all
+    when None; at most ``budget`` primitives read, no cap when None), sorted by the oldest
+    wait. On a cluster, each master is scanned and each primitive read on its slot's master
+    (done again on a fresh slot map when a slot moved meanwhile: ``routed``)."""
+    return routed(client, lambda: _snapshot(client, url, limit, budget))
+
+
+def _snapshot(client: Any, url: str, limit: Optional[int], budget: Optional[int]) -> TopSnapshot:
+    started = time.monotonic()
+    prefix = settings().prefix
+    clocks, keys, scans = scan(client, prefix)
+    found = group_keys(prefix, keys)
+    chosen = plan_reads(found, limit, budget)
+    rows: List[TopRow] = []
+    commands = scans + len(clocks)  # + one TIME per server
+    now_of = {id(server): now for server, now in clocks}
+    first_now = clocks[0][1]
+    for server, indexes in by_server(client, [next(iter(f.keys.values())) for f in chosen]):
+        now_ms = now_of.get(id(server), first_now)  # a master the scan did not know: rare
+        for at in range(0, len(indexes), READ_CHUNK):
+            pipe = server.pipeline(transaction=False)
+            readers: List[Tuple[int, Reader]] = []
+            for i in indexes[at:at + READ_CHUNK]:
+                readers.append(_queue_reads(pipe, chosen[i], now_ms))
+            replies = execute(pipe)
+            commands += len(replies)
+            pos = 0
+            for count, read in readers:
+                row = read(replies[pos:pos + count])
+                pos += count
+                if row is not None:
+                    rows.append(row)
+    ordered = sort_rows(rows)
+    if limit is not None:
+        ordered = ordered[:limit]
+    return TopSnapshot(url=url, server_time_ms=first_now, rows=tuple(ordered),
+                       primitives=len(found), waited=sum(1 for f in found if f.waited),
+                       read=len(chosen),
+                       keys_scanned=len(keys), scan_calls=scans, commands=commands,
+                       refresh_ms=(time.monotonic() - started) * 1000)
+
+
+# --- the terminal --------------------------------------------------------------------------
+
+_ENTER = "\x1b[?1049h\x1b[?25l"   # alternate screen, cursor hidden
+_LEAVE = "\x1b[?25h\x1b[?1049l"   # cursor shown, back to the normal screen
+_HOME = "\x1b[H"
+_EOL = "\x1b[K"                   # erase to the end of the line
+_EOS = "\x1b[J"                   # erase below
+
+
+def _draw(out: TextIO, lines: List[str]) -> None:
+    out.write(_HOME + "".join(line + _EOL + "\r\n" for line in lines) + _EOS)
+    out.flush()
+
+
+class _Keys:
+    """Keys typed at the terminal, when stdin is one (cbreak mode: no echo, no line buffering;
+    Ctrl-C still sends SIGINT). Otherwise it only sleeps."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.fd: Optional[int] = None
+        self.saved: Any = None
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            return
+        if not os.isatty(fd):
+            return
+        try:
+            import termios
+            import tty
+        except ImportError:  # not on a POSIX system: no keys, Ctrl-C only
+            return
+        self.saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+        self.fd = fd
+
+    def wait(self, seconds: float) -> str:
+        """Wait up to ``seconds`` for keys; return what was typed ('' when nothing)."""
+        if self.fd is None:
+            time.sleep(max(0.0, seconds))
+            return ""
+        ready, _, _ = select.select([self.fd], [], [], max(0.0, seconds))
+        if not ready:
+            return ""
+        return os.read(self.fd, 64).decode("utf-8", "replace")
+
+    def restore(self) -> None:
+        if self.fd is not None:
+            import termios
+
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+            self.fd = None
+
+
+def _terminal_size(out: TextIO) -> os.terminal_size:
+    """The size of the terminal ``out`` is, as it is now (resizes included); $COLUMNS and
+    $LINES, else 120 x 40, when it is none."""
+    try:
+        return os.get_terminal_size(out.fileno())
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size((120, 40))
+
+
+def _screen_limit(out: TextIO, limit: Optional[int]) -> Tuple[int, int]:
+    """(rows that fit the terminal, capped by ``limit``; the terminal's width)."""
+    size = _terminal_size(out)
+    fit = max(1, size.lines - _HEADER_LINES - 1)
+    return (min(fit, limit) if limit is not None else fit), size.columns
+
+
+def run_top(client: Any, url: str, *, interval: float, limit: Optional[int],
+            once: bool, as_json: bool, out: TextIO = sys.stdout, inp: TextIO = sys.stdin) -> int:
+    """``distlock top``: one snapshot (``once``, text or JSON), or the live view until ``q`` or
+    Ctrl-C. A server that cannot be reached at the first refresh raises (the command line
+    reports it); later, the view says so and keeps trying at every refresh."""
+    try:
+        if once or as_json:
+            snap = snapshot(client, url, limit)
+            if as_json:
+                out.write(json.dumps(snap.to_json(), indent=2, sort_keys=True) + "\n")
+            else:
+                width = _terminal_size(out).columns if out.isatty() else None
+                out.write("\n".join(format_top(snap, width)) + "\n")
+            out.flush()
+            return 0
+        rows, _ = _screen_limit(out, limit)
+        # before the screen: an unreachable server is an error, as for status
+        snap = snapshot(client, url, rows, READ_BUDGET)
+    except KeyboardInterrupt:
+        return 0
+    keys: Optional[_Keys] = None
+    out.write(_ENTER)
+    try:
+        keys = _Keys(inp)
+        error: Optional[str] = None
+        while True:
+            rows, width = _screen_limit(out, limit)
+            _draw(out, format_top(snap, width, live=True, error=error))
+            typed = keys.wait(interval - snap.refresh_ms / 1000 if error is None else interval)
+            if "q" in typed.lower():
+                return 0
+            try:
+                snap = snapshot(client, url, rows, READ_BUDGET)
+                error = None
+            except (redis.RedisError, RedisClusterException) as exc:
+                error = " ".join(f"{type(exc).__name__}: {exc}".split())
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if keys is not None:
+            keys.restore()
+        out.write(_LEAVE)
+        out.flush()

@@ -1,0 +1,125 @@
+"""Reply codes"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+#: release script: the hold was not (or no longer) ours, or its token changed.
+RELEASE_LOST = -1
+
+
+
+
+
+#: cond_wait: queued (and the lock, if one was given, released)
+WAIT_QUEUED = 0
+
+
+#: cond_wait: the lock's hold is gone or someone else's; nothing changed
+WAIT_LOCK_LOST = -1
+
+
+#: cond_leave: no longer queued: a notify picked the waiter (or its entry was lost with the
+#: server's data or its lapsed lease, where waking is the safe answer)
+LEAVE_NOTIFIED = 1
+
+
+#: cond_leave: not notified (still queued when looking; off the queue when leaving)
+LEAVE_NOT_NOTIFIED = 0
+
+
+
+
+
+#: sem_acquire: the semaphore is in use with another value (nothing changed)
+SEM_MISMATCH = 0
+
+
+#: sem_release: a bounded semaphore would go above its value (nothing changed)
+REL_TOO_MANY = -1
+
+
+#: sem_release: the semaphore is in use with another value (nothing changed)
+REL_MISMATCH = -2
+
+
+#: sem_release: the count would go above ``MAX_PERMITS`` (nothing changed)
+REL_OVERFLOW = -3
+
+
+TOO_MANY_RELEASES = "Semaphore released too many times"
+
+
+COUNT_OVERFLOW = ("semaphore count would go above 2**53 - 1, the largest count Redis keeps "
+                  "exactly")
+
+
+def release_lost(lost: int, name: str) -> str:
+    return (f"{lost} of the permits released on semaphore {name!r} had been lost (their lease "
+            "ran out) and had come back already; the rest of the release was done")
+
+
+def value_mismatch(name: str, stored: object, ours: int) -> str:
+    return (f"semaphore {name!r} was created with value {stored}, not {ours}: every process "
+            "must give a semaphore the same value")
+
+
+def parties_mismatch(name: str, stored: object, ours: int) -> str:
+    return (f"barrier {name!r} was created with parties={stored}, not {ours}: every party "
+            "must give a barrier the same number of parties")
+
+
+#: ev_wait: the event is set
+EV_SET = -1
+
+
+#: ev_wait: a set() took this waiter's entry: the event was set while it waited
+EV_TAKEN = -2
+
+
+#: ev_wait: the entry ran out before anyone took it; the waiter must join again
+EV_EXPIRED = -3
+
+
+#: bar_wait / bar_poll codes (first element of the reply)
+BAR_WAITING = 0
+
+
+BAR_TRIPPED = 1
+
+
+BAR_RUN = 2
+
+
+BAR_PENDING = 3
+
+
+BAR_BROKEN = -1
+
+
+BAR_BUSY = -2
+
+
+BAR_MISMATCH = -3
+
+
+
+
+
+#: the first character of a hand-off message: ``+<nonce> <token> <lease ms>``
+HANDOFF = "+"
+
+
+def handoff(data: Any) -> Optional[Tuple[str, str]]:
+    """A hand-off message's (nonce, payload), payload ``"<token> <lease ms>"``; None for any
+    other hint."""
+    if isinstance(data, str) and data.startswith(HANDOFF):
+        nonce, _, payload = data[1:].partition(" ")
+        return nonce, payload
+    return None
+
+
+def handoff_grant(payload: str) -> Tuple[int, int]:
+    """The token and lease (ms) a hand-off message's payload carries."""
+    token, _, lease = payload.partition(" ")
+    return int(token), int(lease)

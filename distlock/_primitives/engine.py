@@ -1,0 +1,164 @@
+"""The wait engine: drives ``_waitpolicy.policy``, as a flow (see ``_flow``) for both shells.
+
+The only place that subscribes, tries, sleeps and cleans up for a waiting primitive. A
+primitive hands it a ``Waiting``: its channel, and how to make one try in each mode (a flow
+that runs a script and decodes its reply into an outcome from ``_outcomes``). Every way out
+goes through one ``finally``: a grant, a timeout, a hint that named the waiter, an exception
+(a Redis error, KeyboardInterrupt) and, in the asyncio shell, a cancellation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import redis
+
+from .._core.deadlines import Deadline
+from .._core.flow import JOIN, LEAVE, SLEEP, SLOT, Flow, drive
+from .._core.outcomes import NAMED, TIMED_OUT, Done, Failed, Granted, Outcome
+from .._core.settings import settings
+from .._core.wait_policy import FIRST, HINTED, Sleep, policy
+from .._session.telemetry import end_wait, start_wait
+
+__all__ = ["Waiting", "wait", "waiting_flow"]
+
+
+class Waiting:
+    """What one wait of one primitive supplies to the engine.
+
+    Subclasses set ``channel`` (the pub/sub channel of its hints) and ``ident`` (the waiter's
+    id when hints name waiters), and define ``attempt``; the other hooks have defaults.
+    """
+
+    channel: str = ""
+    ident: Optional[str] = None
+    #: the primitive's meter (``_metrics``), and when its first try was sent (monotonic): the
+    #: engine records how the wait ended and how long it took from there
+    meter: Any = None
+    started: float = 0.0
+    #: a hint is answered by a try that does not register (see ``_waitpolicy``, ``HINTED``)
+    answers_hints = False
+    #: every waiter sleeps at most the bound, not only its process' first (see ``policy``);
+    #: read at every sleep, so a wait may turn strict on the way (a lock joining a fair queue)
+    strict = False
+    #: a hint that names the waiter hands it what it waited for (a fair lock's hand-off): it
+    #: leaves its process' queue as a waiter that got it, waking nobody else
+    named_grants = False
+
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
+        """One try in ``mode`` (see ``_waitpolicy``), a flow; its decoded outcome. A grant is
+        registered (as a hold) before it returns."""
+        raise NotImplementedError
+
+    def abandon(self) -> Flow[None]:
+        """Interrupted while waiting, with the server reachable: leave any queue now (one
+        round trip; otherwise entries run out by themselves). A flow."""
+        return
+        yield
+
+    def unregister(self) -> Flow[None]:
+        """This process' last waiter on the channel left without a grant. A flow."""
+        return
+        yield
+
+    def named(self) -> Any:
+        """What the wait returns when a hint named the waiter."""
+        return True
+
+    def timed_out(self) -> Any:
+        return False
+
+
+def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str = FIRST) -> Any:
+    """``waiting_flow`` run on a thread's session (blocking)."""
+    return drive(waiting_flow(waiting, timeout, start=start), session)
+
+
+def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIRST) -> Flow[Any]:
+    """Wait as ``waiting`` says, at most ``timeout`` seconds (None: as long as it takes).
+
+    Return what the final outcome means: True for a grant, the value of ``Done``, ``named()``
+    or ``timed_out()``; raise the error of ``Failed``. An exception while waiting propagates
+    after ``abandon()`` (unless the server could not be reached: the caller's entries then
+    run out by themselves).
+    """
+    deadline = Deadline(timeout)
+    started = waiting.started or time.monotonic()
+    span = start_wait(waiting.meter)
+    steps = policy(deadline, settings().wait_cap, start=start,
+                   answers_hints=waiting.answers_hints, strict=waiting.strict)
+    # Subscribe before the first try: a hint sent right after it finds us listening. ``join``
+    # leaves the queue by itself when it is interrupted; from here on, the ``finally`` does.
+    waiter = None
+    granted = hinted_grant = False
+    outcome: Any = None
+    try:
+        waiter = yield (JOIN, waiting.channel, deadline.remaining(), waiting.ident)
+        step: Any = next(steps)
+        while True:
+            if type(step) is Sleep:
+                hinted = yield (SLEEP, waiter, step.bound,
+                                step.bound if waiting.strict else step.limit)
+                sent: Any = (hinted, waiter.named)
+            elif step.mode == FIRST:
+                sent = yield from waiting.attempt(FIRST, waiter)
+            else:
+                yield (SLOT, True)  # a crowd woken at once takes turns
+                try:
+                    sent = yield from waiting.attempt(step.mode, waiter)
+                finally:
+                    yield (SLOT, False)
+                hinted_grant = step.mode == HINTED
+            granted = type(sent) is Granted
+            try:
+                step = steps.send(sent)
+            except StopIteration as stop:
+                outcome = stop.value
+                break
+    except BaseException as exc:
+        if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+            try:
+                yield from waiting.abandon()
+            except redis.RedisError:
+                pass
+        raise
+    finally:
+        granted = granted or (outcome is NAMED and waiting.named_grants)
+        if waiter is not None and (yield (LEAVE, waiter, granted)) and not granted:
+            yield from waiting.unregister()
+        _record(waiting.meter, span, outcome, started, hinted_grant)
+    return result(waiting, outcome)
+
+
+def _record(meter: Any, span: Any, outcome: Any, started: float, hinted_grant: bool) -> None:
+    """How a wait ended, into the primitive's metrics (and its span, where the process
+    traces): ``None`` (an exception) is an error; a grant, a named hint or a truthy ``Done``
+    is acquired; the rest timed out. A broken barrier (``Failed``) is an error."""
+    if meter is None:
+        return
+    waited = time.monotonic() - started
+    kind = type(outcome)
+    if kind is Granted or outcome is NAMED or (
+            kind is Done and outcome.value is not False and outcome.value is not None):
+        label = "acquired"  # a barrier's index 0 included
+    elif outcome is None or kind is Failed:
+        label = "error"
+    else:
+        label = "timeout"
+    hinted = label == "acquired" and (hinted_grant or outcome is NAMED)
+    meter.acquired(label, waited, waited=True, hinted=hinted)
+    end_wait(span, label, waited, outcome.token if kind is Granted else None)
+
+
+def result(waiting: Waiting, outcome: Outcome) -> Any:
+    """What a wait's final ``outcome`` returns (or raises); shared by every driver."""
+    if type(outcome) is Granted:
+        return True
+    if outcome is TIMED_OUT:
+        return waiting.timed_out()
+    if outcome is NAMED:
+        return waiting.named()
+    if type(outcome) is Failed:
+        raise outcome.error
+    return outcome.value  # type: ignore[union-attr]  # Done

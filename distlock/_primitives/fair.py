@@ -1,0 +1,206 @@
+"""Fair locks: the flows of ``DistLock(name, fair=True)`` and ``DistRLock(name, fair=True)``,
+for both shells (see ``_flow``).
+
+Waiters queue in Redis in order of arrival on the server, one entry per wait, named by the
+wait's nonce (``lua/_fair.lua``). A release hands the lock straight to the first live entry:
+it writes the hold for that waiter, with a fresh fencing token, and publishes
+``+<nonce> <token> <lease ms>`` on that waiter's process channel only. The process' dispatcher
+wakes exactly that wait (``_pubsub.Board``), which returns True without another round trip.
+Redis stays the truth: a waiter that misses the message finds the lock its own at its next
+try, at most ``wait_cap`` later; a wait that ends without the lock leaves the queue in one
+script (``fair_leave``) that also passes on a lock handed to it meanwhile; the entry of a
+waiter that died runs out within its lease (``entry_lease_ms``), and a lock handed to it is
+stranded no longer than that.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from .._core.flow import RUN, Flow
+from .._core.keys import FairKeys
+from .._core.outcomes import RENEWED, Granted, Outcome, renewal
+from .._core.outcomes import lock_acquire as decode_acquire
+from .._core.replies import handoff_grant
+from .._core.settings import settings
+from .._core.wait_policy import LAST
+from .._session.session import Hold, Session
+from .engine import Waiting
+
+if TYPE_CHECKING:
+    from .lock import _LockBase
+
+
+import os
+
+
+def check_fair(fair: object) -> bool:
+    """``fair`` as given to a lock's constructor: a bool, or TypeError."""
+    if not isinstance(fair, bool):
+        raise TypeError(f"fair must be a bool, not {type(fair).__name__}")
+    return fair
+
+
+def refuse_fair_quorum(client: object, fair: object) -> None:
+    """TypeError for ``fair=True`` with a Redlock quorum (a list of independent masters): each
+    master would keep a line of its own, and a hand-off by one master is no grant of the
+    quorum's."""
+    if fair is True and isinstance(client, (list, tuple)):
+        raise TypeError("fair does not apply to a Redlock quorum (a list of masters): "
+                        "use one or the other")
+
+
+def new_nonce(session_id: str) -> str:
+    """A fresh nonce for one wait: it names the wait's queue entry and its hand-off message,
+    so that a message for an earlier wait of the same thread wakes nobody."""
+    return f"{session_id}:{os.urandom(8).hex()}"
+
+
+def entry_lease_ms(wait_cap: float) -> int:
+    """How long a queue entry lives after its waiter's last try (server ms): ``2 * wait_cap +
+    1`` s, 7 s by default. A fair waiter tries at least every ``wait_cap``, wherever it stands,
+    so a live one keeps its place; a dead one is dropped within this."""
+    return int((2 * wait_cap + 1) * 1000)
+
+
+__all__ = ["FairWaiting", "fair_try", "fair_leave", "fair_release", "first_try", "end_whole_fair"]
+
+log = logging.getLogger("distlock")
+
+
+def fair_try(lock: _LockBase, session: Session, owner: str, ms: int, count: int, nonce: str,
+             mode: str) -> Flow[int]:
+    """One ``fair_acquire`` try: its raw reply (a token > 0 when the caller holds the lock).
+    ``mode``: 'w' queue (or stay queued), 'n' leave the queue when refused. A reply that was
+    lost is followed by ``fair_leave``, which gives back whatever the try may have granted."""
+    s = settings()
+    args = (owner, ms, s.fence_retention_ms, session.info, nonce, count,
+            lock._keys.waiter_channel(session.id), entry_lease_ms(s.wait_cap), mode)
+    try:
+        return int((yield (RUN, "fair_acquire", lock._fair_keys.all, args)))
+    except redis.ResponseError:
+        raise  # the script did not run, or failed: nothing was granted
+    except BaseException:
+        try:
+            yield from fair_leave(lock, nonce)
+        except redis.RedisError:
+            pass  # unreachable: the entry, and a hold granted to it, run out by themselves
+        raise
+
+
+def fair_leave(lock: _LockBase, nonce: str) -> Flow[int]:
+    """The wait of ``nonce`` ends without the lock: leave the queue, and pass on a lock that
+    was handed to it meanwhile (2), or free it."""
+    return int((yield (RUN, "fair_leave", lock._fair_keys.all,
+                       (nonce, settings().fence_retention_ms))))
+
+
+def fair_release(lock: _LockBase, hold: Hold, count: int) -> Flow[int]:
+    """``fair_release``: give back ``count`` levels (0: all); the last hands the lock on."""
+    return int((yield (RUN, "fair_release", lock._fair_keys.all,
+                       (hold.owner, hold.token, count, settings().fence_retention_ms))))
+
+
+#: how long after a hand-off its hold's lease is lengthened (seconds; see ``named``)
+LENGTHEN_AFTER = 0.005
+
+
+class FairWaiting(Waiting):
+    """One wait for a fair lock. Every waiter tries at least every ``wait_cap`` (``strict``),
+    wherever it stands in its process: each try keeps its queue entry alive. A hint that names
+    its nonce is the grant itself (``named``)."""
+
+    answers_hints = False
+    strict = True
+    named_grants = True
+
+    def __init__(self, lock: _LockBase, session: Session, owner: str, ms: int, count: int,
+                 watchdog: bool) -> None:
+        self.channel = lock._keys.waiter_channel(session.id)
+        self.ident = self.nonce = new_nonce(session.id)
+        self._lock = lock
+        self._session = session
+        self._grant_args = (owner, ms, count, watchdog)
+        self._waiter: Any = None
+        #: when the latest refused try was sent (monotonic): a hand-off came after it
+        self._refused_at = time.monotonic()
+
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
+        lock, session = self._lock, self._session
+        owner, ms, count, watchdog = self._grant_args
+        self._waiter = waiter
+        sent_at = time.monotonic()
+        reply = yield from fair_try(lock, session, owner, ms, count, self.nonce,
+                                    "n" if mode == LAST else "w")
+        outcome = decode_acquire(reply)
+        if type(outcome) is Granted:
+            lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
+        else:
+            self._refused_at = sent_at
+        return outcome
+
+    def abandon(self) -> Flow[None]:
+        yield from fair_leave(self._lock, self.nonce)
+
+    def unregister(self) -> Flow[None]:
+        return (yield from self._lock._unregister(self.channel))
+
+    def named(self) -> Any:
+        """The lock was handed to this wait: take the hold as the message says. Its lease in
+        Redis is short (the entry's time left) unless it is already the caller's own: the
+        watchdog thread lengthens it a moment later, off the caller's path."""
+        lock, session = self._lock, self._session
+        owner, ms, count, watchdog = self._grant_args
+        token, lease = handoff_grant(self._waiter.payload)
+        # the grant came after the latest refused try: its lease runs from no earlier than that
+        hold = lock._grant(session, owner, token, count, watchdog, lease, self._refused_at)
+        if lease < ms:
+            # a moment later: the watchdog thread's round trip then does not compete with the
+            # caller's return (the handed lease is seconds long, or a quarter of it is waited)
+            now = time.monotonic()
+            session.defer_at(now + min(LENGTHEN_AFTER, lease / 4000), functools.partial(
+                _lengthen, lock, session, hold, ms, now))
+        return True
+
+
+def _lengthen(lock: _LockBase, session: Session, hold: Hold, ms: int, received_at: float) -> None:
+    """In the watchdog thread: give a hold that was handed over the lease its owner asked for
+    (the internal lease, or what is left of a fixed one); one ``lock_renew``."""
+    if hold.lost or hold.releasing or not session.watchdog.registered(hold):
+        return
+    if not hold.watchdog:
+        ms = max(1, ms - int((time.monotonic() - received_at) * 1000))
+    sent_at = time.monotonic()
+    try:
+        reply = session.run("lock_renew", (hold.key, lock._keys.fence),
+                            (hold.owner, hold.token, ms, ms + settings().fence_retention_ms))
+    except Exception as exc:  # noqa: BLE001 - a watchdog hold is renewed anyway; see the docs
+        log.warning("distlock: could not lengthen the lease of %s after a hand-off: %r",
+                    hold.key, exc)
+        return
+    if renewal(reply) is RENEWED:
+        hold.lease_ms = ms
+        hold.expires_at = sent_at + ms / 1000.0
+    elif not hold.releasing and session.watchdog.registered(hold):
+        session.mark_lost(hold, "it was gone before its hand-off lease was lengthened")
+
+
+def first_try(lock: _LockBase, session: Session, owner: str, ms: int, count: int) -> Flow[int]:
+    """A fair lock's try before any waiting: takes the lock only when it is free and nobody
+    live queues for it; never queues (the wait that follows does, once subscribed, so that a
+    hand-off always finds its waiter listening)."""
+    return (yield from fair_try(lock, session, owner, ms, count, new_nonce(session.id), "n"))
+
+
+
+
+def end_whole_fair(keys: FairKeys, hold: Hold) -> None:
+    """Give a fair DistLock's whole hold back without a reference to the object (an abandoned
+    object, interpreter exit); blocking."""
+    hold.session.run("fair_release", keys.all,
+                     (hold.owner, hold.token, 0, settings().fence_retention_ms))

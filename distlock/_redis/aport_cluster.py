@@ -1,0 +1,182 @@
+"""The asyncio shell's port on a ``redis.asyncio.RedisCluster``.
+
+The same port as on one server (``_asession.AsyncPort``), routed as the blocking Cluster
+executor routes (``_executor_cluster``):
+
+- ``core`` is the blocking Cluster session of a twin ``redis.RedisCluster`` with the same nodes
+  and connection settings: its watchdog thread renews the holds, grouped by node.
+- A script goes as one EVALSHA to the master of its slot, on a connection of that node, with
+  no retries. MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT and a node that cannot be connected
+  to (nothing was sent) are followed within the executor's bounds; a connection that fails
+  after the send raises: the script is never sent twice.
+- Reads go through the client, which routes them by key.
+- Waiters wait in an ``AsyncClusterDispatcher``: one pub/sub connection (SSUBSCRIBE) and one
+  reader task per node with waiters, on a small ``redis.asyncio.Redis`` per node that the port
+  keeps for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import redis
+import redis.asyncio as aredis
+from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
+
+from .aport import AsyncPort, _parameters, aread_pair
+from .executor import packer
+from .executor_cluster import _FIRST_PAUSE, REDIRECT_BOUND, REDIRECTS
+from .pubsub_cluster import AsyncClusterDispatcher
+
+__all__ = ["AsyncClusterPort", "cluster_twin"]
+
+_SKIP = {"retry", "redis_connect_func", "parser_class", "event_dispatcher", "connection_pool",
+         "host", "port", "connection_class"}
+
+
+def cluster_twin(client: Any) -> Any:
+    """A blocking ``redis.RedisCluster`` with ``client``'s nodes and connection settings."""
+    accepted = _parameters(redis.Connection)
+    kwargs = {k: v for k, v in client.get_connection_kwargs().items() if k in accepted and k not in _SKIP}
+    nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
+    startup = [redis.cluster.ClusterNode(node.host, node.port) for node in nodes]  # type: ignore[no-untyped-call]
+    return redis.RedisCluster(startup_nodes=startup, **kwargs)
+
+
+class AsyncClusterPort(AsyncPort):
+    """``AsyncPort`` for a ``redis.asyncio.RedisCluster`` (see the module's docstring)."""
+
+    def _make_twin(self, client: Any) -> Any:
+        return cluster_twin(client)
+
+    def _connection_kwargs(self, client: Any) -> Dict[str, Any]:
+        return client.get_connection_kwargs()  # type: ignore[no-any-return]
+
+    def _attach(self, client: Any) -> None:
+        executor: Any = self.core.executor
+        self.sharded = executor.sharded
+        self.slot_of = executor.slot_of
+        self._pack = packer(client.encoder)
+        self._asking = self._pack(("ASKING",))
+        self._node_clients: Dict[str, Any] = {}
+        proxy = self._client
+        kwargs = {k: v for k, v in client.get_connection_kwargs().items()
+                  if k in _parameters(aredis.Connection) and k not in _SKIP}
+        me = self
+
+        def pubsub_for(name: str) -> Any:
+            node_client = me._node_clients.get(name)
+            if node_client is None:
+                host, _, port = name.rpartition(":")
+                node_client = me._node_clients[name] = aredis.Redis(
+                    connection_pool=aredis.ConnectionPool(host=host, port=int(port), **kwargs))
+            return node_client.pubsub()
+
+        self.dispatcher = AsyncClusterDispatcher(lambda: me, pubsub_for)  # type: ignore[assignment]
+        self._nodes: Callable[[], Any] = lambda: proxy.nodes_manager
+
+    # --- routing (the source of the dispatcher, too) ---------------------------------------------
+
+    def master(self, slot: int) -> Any:
+        return self._nodes().get_node_from_slot(slot)
+
+    async def amoved(self, exc: MovedError) -> None:
+        manager = self._nodes()
+        move = getattr(manager, "move_slot", None)
+        if move is not None:
+            await move(exc)
+        else:  # older redis-py: applied at the next lookup
+            manager._moved_exception = exc
+
+    async def _refresh(self) -> None:
+        try:
+            await self._bounded(self._nodes().initialize(), self._connect_bound or REDIRECT_BOUND)
+        except (redis.RedisError, redis.exceptions.RedisClusterException, OSError):
+            pass  # no node answers: the try that follows meets the same error, and raises it
+
+    async def join(self, channel: str, bound: Optional[float], ident: Optional[str] = None) -> Any:
+        await self._client.initialize()  # the slot map routes the channel (a no-op once read)
+        return await super().join(channel, bound, ident)
+
+    # --- scripts ----------------------------------------------------------------------------------
+
+    async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                      then: Optional[Tuple[Any, ...]] = None) -> Any:
+        if not keys:
+            raise ValueError("distlock: a script with no key cannot be routed on a cluster")
+        await self._client.initialize()  # the slot map (a no-op once read)
+        slot = self.slot_of(keys[0])
+        packed = self._pack(("EVALSHA", script.sha, len(keys), *keys, *args))
+        pair = then is not None
+        if then is not None:  # a grant's WAIT, on the same connection of the slot's master
+            packed = [packed[0] + self._pack(then)[0]]
+        asking: Any = None
+        pause = _FIRST_PAUSE
+        give_up = time.monotonic() + REDIRECT_BOUND
+        error: BaseException = RuntimeError("no try")
+        for attempt in range(REDIRECTS):
+            node = asking if asking is not None else self.master(slot)
+            try:
+                return await self._on_node(node, self._asking + packed if asking is not None else packed,
+                                           asking is not None, pair)
+            except _NotSent as exc:
+                error = exc.__cause__ or exc
+                await self._refresh()
+                if self.master(slot).name == node.name:
+                    break  # still the slot's master as far as the cluster knows: no failover yet
+            except MovedError as exc:
+                error, asking = exc, None
+                await self.amoved(exc)
+                continue
+            except AskError as exc:
+                error = exc
+                asking = self._nodes().get_node(host=exc.host, port=exc.port) or \
+                    aredis.cluster.ClusterNode(exc.host, exc.port, **self._client.get_connection_kwargs())
+                continue
+            except (TryAgainError, ClusterDownError) as exc:
+                error, asking = exc, None
+            except NoScriptError as exc:
+                error = exc
+                await self._on_node(node, self._pack(("SCRIPT", "LOAD", script.script)), False)
+                continue
+            if attempt + 1 >= REDIRECTS or time.monotonic() + pause > give_up:
+                break
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.2)
+        raise error
+
+    async def _on_node(self, node: Any, packed: Any, asking: bool, pair: bool = False) -> Any:
+        """One exchange on a connection of ``node``; ``_NotSent`` when none could be opened.
+        ``pair``: two commands were packed, and both replies are returned."""
+        conn = node.acquire_connection()
+        try:
+            if not conn.is_connected:
+                await self._bounded(conn.connect(), self._connect_bound)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+            node.release(conn)
+            raise _NotSent() from exc
+        except BaseException:
+            node.release(conn)
+            raise
+        try:
+            if asking:
+                await conn.send_packed_command(packed)
+                await conn.read_response()  # ASKING's OK
+                if pair:
+                    return await aread_pair(conn)
+                return await conn.read_response()
+            return await self._exchange(conn, packed, pair)
+        except redis.exceptions.ResponseError:
+            raise
+        except BaseException:
+            if conn.is_connected:
+                await conn.disconnect(nowait=True)
+            raise
+        finally:
+            node.release(conn)
+
+
+class _NotSent(Exception):
+    """No connection to the node could be opened: nothing was sent."""

@@ -1,0 +1,479 @@
+"""The executor: the one interface through which the primitives reach Redis.
+
+Three kinds of traffic, three methods, and the retry policy of each is decided here:
+
+- ``run(name, keys, args)``: one script, a state change. **Never sent twice**: a script whose
+  reply was lost may have run, and running it again could take a second hold, release twice,
+  or report a release as a lost lease; the caller learns the outcome by reading state (DESIGN
+  principle 13). Scripts go out on the direct path below, which has no retries, for every
+  client on a redis-py connection pool: a plain client, a Sentinel client (its pool hands out
+  the master's connections), a single-connection client, and a subclass that overrides
+  ``execute_command`` (its override sees distlock's reads, not its scripts: an override that
+  retries would send a state change twice). Only fakeredis, which has no network and so no
+  lost replies, is driven through its ``execute_command``. NOSCRIPT (a restarted server, SCRIPT
+  FLUSH) means the script did not run: it is loaded and sent again. A Redis error names the
+  script's file and line (see ``_scripts.locate``).
+- ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, HMGET, ZSCORE,
+  ZREM of our own entry, TIME); it goes through the client, retries and all.
+- ``batch()``: a pipeline of scripts and commands in one round trip (a reader's look at its
+  hold) on the executor's connections; ``renewal_batch()``: the same on the watchdog's own
+  connection (``_clients.renewer``: not from the user's pool, bounded by the renew interval,
+  no hidden retries). Renewals are safe to repeat.
+- ``pubsub()``: a new pub/sub connection, for the session's dispatcher.
+
+``run(..., acks=(k, ms))`` sends ``WAIT k ms`` behind the script, packed with it in one write on
+the same connection, and returns ``(reply, replicas that acknowledged)``: the grant of a
+primitive made with ``min_replicas`` (see ``_replicas``). redis-py's ``client.wait()`` could
+take another pooled connection, whose WAIT would say nothing of this script's writes.
+``Batch.wait(k, ms)`` does the same at the end of a batch (the watchdog's renewals).
+
+This is the standalone executor, and ``executor_for`` is the one place that picks an executor
+for a client, behind the same methods: a ``redis.RedisCluster`` gets the Cluster executor
+(``_executor_cluster``: routed by the keys' slot, MOVED, ASK and TRYAGAIN followed, one batch
+pipeline per node, one dispatcher per node), a list of independent masters (a ``_quorum.Quorum``)
+the Redlock executor (``_executor_quorum``: every script to every master at once, the replies
+folded into one), every other client this one. A topology's executor
+overrides ``_send`` (how one script goes out) and ``dispatcher`` (how waiters wait).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import redis
+from redis.commands.core import Script
+
+from .._core.settings import settings
+from .clients import renewer
+from .scripts import locate, script_names, script_source
+
+__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "executor_for", "sender", "packer",
+           "taker", "located", "disconnect_quietly", "pair_sender", "read_pair", "demoted"]
+
+#: How many scripts one executor has in flight at once (its connections stay at most this many,
+#: plus the pub/sub and watchdog ones).
+SCRIPT_CONCURRENCY = 4
+
+#: How many times ``run`` loads a script again after NOSCRIPT before it gives up.
+NOSCRIPT_TRIES = 3
+
+
+def executor_for(client: Any, real: Any = None) -> Executor:
+    """The executor for ``client`` (perhaps a weak proxy of the user's client ``real``).
+
+    A ``redis.RedisCluster`` gets the Cluster executor; any other client (a plain client, a
+    Sentinel client: its pool follows the master) is a standalone one. Topologies are told
+    apart here, and nowhere else."""
+    from .executor_cluster import ClusterExecutor, is_cluster
+    from .executor_quorum import QuorumExecutor, is_quorum
+    if is_cluster(client if real is None else real):
+        return ClusterExecutor(client, real)
+    if is_quorum(client if real is None else real):
+        return QuorumExecutor(client, real)
+    return Executor(client, real)
+
+
+class Executor:
+    """Runs scripts and commands on one standalone server (or Sentinel's current master)."""
+
+    def __init__(self, client: Any, real: Any = None) -> None:
+        """``client``: what to talk through (perhaps a weak proxy of the user's client);
+        ``real``: the client itself, when ``client`` is a proxy of it."""
+        self.client = client
+        # Script objects bound to ``client`` itself: ``client.register_script`` would bind them
+        # to the object behind a weak proxy, and keep the user's client alive for ever.
+        self.scripts = {name: Script(client, script_source(name)) for name in script_names()}
+        self._execute = sender(client if real is None else real, client)
+        self._execute_pair = pair_sender(client if real is None else real, client)
+        #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
+        #: condition only for the rare caller that finds it empty.
+        self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
+        self._gate_cond = threading.Condition(threading.Lock())
+        self._gate_waiting = 0
+        self._renewer: Any = None  # (renew interval, client), made on the first renewal
+        #: scripts loaded before their first run with ``acks`` (see ``run``)
+        self._preloaded: Set[str] = set()
+
+    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+            acks: Optional[Tuple[int, int]] = None) -> Any:
+        """Run script ``name`` as one EVALSHA and return its reply (see the module's docstring).
+
+        With ``acks`` (k, ms): send ``WAIT k ms`` behind it, in the same write on the same
+        connection, and return ``(reply, how many replicas acknowledged)``.
+
+        At most ``SCRIPT_CONCURRENCY`` runs are in flight at once, so a hundred threads
+        arriving together do not open a hundred connections.
+        """
+        script = self.scripts[name]
+        gate = self._gate
+        try:
+            gate.pop()  # atomic under the GIL: the uncontended path never blocks here
+        except IndexError:
+            self._gate_wait()
+        try:
+            if acks is None:
+                return self._send(name, script, keys, args)
+            if name not in self._preloaded:
+                # A WAIT blocks while a replica lags even when nothing was written before it
+                # (Redis 7), so a NOSCRIPT answer would cost a whole timeout before the real
+                # run: load the script first (safe to repeat; on a cluster, on every master).
+                self.client.script_load(script.script)
+                self._preloaded.add(name)
+            return self._send(name, script, keys, args, ("WAIT", *acks))
+        except redis.exceptions.ResponseError as exc:
+            raise located(name, exc) from None
+        finally:
+            gate.append(None)
+            if self._gate_waiting:
+                with self._gate_cond:
+                    self._gate_cond.notify()
+
+    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+              then: Optional[Tuple[Any, ...]] = None) -> Any:
+        """Send one script once (see the module's docstring); a topology's executor routes it.
+        ``then``: a command sent behind it in the same write (``run``'s WAIT); the reply is
+        then both replies.
+
+        A Sentinel client's connection to a master that was demoted meanwhile answers READONLY
+        (``demoted``): nothing was written, and the connection is dropped, so the script goes
+        once more, on a connection that looks the master up afresh."""
+        followed = False
+        for _ in range(NOSCRIPT_TRIES):
+            try:
+                if then is None:
+                    return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+                return self._execute_pair(("EVALSHA", script.sha, len(keys), *keys, *args), then)
+            except redis.exceptions.NoScriptError:
+                # Another SCRIPT FLUSH may land between the load and the run: try again.
+                script.sha = self.client.script_load(script.script)
+            except redis.exceptions.ConnectionError as exc:
+                if followed or not demoted(exc):
+                    raise
+                followed = True
+                # ask the sentinels now: a new master drops the pool's idle connections,
+                # which all talk to the demoted one
+                self.client.connection_pool.get_master_address()
+        if then is None:
+            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
+        return self._execute_pair(("EVALSHA", script.sha, len(keys), *keys, *args), then)
+
+    def _gate_wait(self) -> None:
+        """Block until a run slot is free (all ``SCRIPT_CONCURRENCY`` are in flight).
+
+        A returning run appends its slot before it reads ``_gate_waiting``, and a waiter counts
+        itself before it tries to take a slot, so no wake-up is lost between the two; the short
+        wait bound is only a second line of defence."""
+        with self._gate_cond:
+            self._gate_waiting += 1
+            try:
+                while True:
+                    try:
+                        self._gate.pop()
+                        return
+                    except IndexError:
+                        self._gate_cond.wait(0.05)
+            finally:
+                self._gate_waiting -= 1
+
+    def read(self, *command: Any) -> Any:
+        """One command that is safe to repeat (see the module's docstring)."""
+        return self.client.execute_command(*command)
+
+    def batch(self) -> Batch:
+        """A pipeline on the executor's own connections."""
+        return Batch(self.scripts, self.client)
+
+    def renewal_batch(self) -> Batch:
+        """A pipeline on the watchdog's own connection (see the module's docstring); it is
+        remade when configure() changed the renew interval. Called from one thread only."""
+        interval = settings().renew_interval
+        current = self._renewer
+        if current is None or current[0] != interval:
+            twin = renewer(self.client, interval)
+            self._renewer = (interval, self.client if twin is None else twin)
+            if current is not None and current[1] is not self.client:
+                disconnect_quietly(current[1])
+        return Batch(self.scripts, self._renewer[1])
+
+    def margin(self, lease_ms: int) -> float:
+        """How much sooner than ``lease_ms`` after it was sent a grant or renewal must be taken
+        as ended (seconds): 0 here; a Redlock quorum's clock drift (``_executor_quorum``)."""
+        return 0.0
+
+    def close(self) -> None:
+        """The session is retired: close what the executor opened itself (nothing here)."""
+
+    def drop_renewal(self) -> None:
+        """Close the watchdog's own connection (it is made again when needed)."""
+        current, self._renewer = self._renewer, None
+        if current is not None and current[1] is not self.client:
+            disconnect_quietly(current[1])
+
+    def pubsub(self) -> Any:
+        """A new pub/sub connection (redis-py's PubSub) for the session's dispatcher."""
+        return self.client.pubsub()
+
+    def dispatcher(self, source: Callable[[], Any], tag: str) -> Any:
+        """The session's dispatcher (``source`` is called for the executor to open pub/sub
+        connections through)."""
+        from .pubsub import Dispatcher
+        return Dispatcher(source, tag)
+
+
+class Batch:
+    """Scripts and commands queued for one round trip; ``execute`` sends them. A script's
+    error in the replies names the script's file and line, as ``run``'s do."""
+
+    __slots__ = ("_scripts", "_pipe", "_names", "_wait", "acked")
+
+    def __init__(self, scripts: Dict[str, Any], client: Any) -> None:
+        self._scripts = scripts
+        self._pipe = client.pipeline(transaction=False)
+        self._names: List[str] = []  # per queued entry: its script's name, or ''
+        self._wait: Optional[Tuple[int, int]] = None
+        #: after ``execute``, with ``wait``: per entry, WAIT's reply on its connection (a
+        #: count, or the error it met); None without ``wait``
+        self.acked: Optional[List[Any]] = None
+
+    def wait(self, k: int, ms: int) -> None:
+        """End the round trip with ``WAIT k ms`` on the same connection (after every entry):
+        ``acked`` then says how many replicas acknowledged the entries' writes."""
+        self._wait = (k, ms)
+
+    def script(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> None:
+        # redis-py's Script on a pipeline loads itself before the pipeline runs (NOSCRIPT-safe)
+        self._scripts[name](keys=keys, args=args, client=self._pipe)
+        self._names.append(name)
+
+    def command(self, *args: Any) -> None:
+        self._pipe.execute_command(*args)
+        self._names.append("")
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def execute(self, raise_on_error: bool = True) -> List[Any]:
+        """The replies, in order; with ``raise_on_error`` false, errors among them."""
+        if self._wait is not None:
+            self._pipe.execute_command("WAIT", *self._wait)
+        raw = self._pipe.execute(raise_on_error=False)
+        if self._wait is not None:
+            self.acked = [raw.pop()] * len(self._names)
+        replies = [located(name, reply) if name and isinstance(reply, redis.exceptions.ResponseError)
+                   else reply
+                   for name, reply in zip(self._names, raw)]
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+
+def demoted(exc: BaseException) -> bool:
+    """Whether ``exc`` is redis-py's Sentinel connection telling that the master it talked to
+    answered READONLY (it was demoted to a replica): a ConnectionError raised while handling a
+    ReadOnlyError. A replica refuses every write, so the script wrote nothing: like a
+    redirection, it may be sent again (DESIGN principle 13), on a new connection."""
+    return isinstance(exc, redis.exceptions.ConnectionError) and \
+        isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
+
+
+def disconnect_quietly(client: Any) -> None:
+    """Close every connection of ``client``'s pool, whatever state it is in."""
+    try:
+        client.connection_pool.disconnect()
+    except Exception:  # noqa: BLE001 - it is being thrown away
+        pass
+
+
+def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
+    """``exc`` with its line numbers in the script's own files (see ``_scripts.locate``)."""
+    message = locate(name, str(exc))
+    if message == str(exc):
+        return exc
+    try:
+        return type(exc)(message)
+    except Exception:  # noqa: BLE001 - an error class that wants more: keep the original
+        return exc
+
+
+# --- the direct path --------------------------------------------------------------------------
+
+def sender(client: Any, via: Any) -> Callable[..., Any]:
+    """A function that sends one command and returns its reply, never retrying.
+
+    For a client on a redis-py connection pool (or a single connection), whatever its class:
+    it takes a connection (the client's single one under its lock, or one from its pool),
+    sends, reads the raw reply and gives the connection back. That also skips
+    ``execute_command``'s per-call wrapper (retry closure, telemetry hooks), which on a slow
+    machine costs as much as the server's work on a small script. A connection that went stale
+    while idle (a server restart) is still replaced when it is taken from the pool, as redis-py
+    does. Anything else (fakeredis): ``via.execute_command``, looked up on every call.
+
+    Keeps no reference to ``client`` itself: ``via`` may be a weak proxy of it, so that a
+    session does not keep its user's client alive.
+    """
+    lender = _lender(client)
+    if lender is None:
+        def through(*args: Any) -> Any:
+            return via.execute_command(*args)
+        return through
+    return _pooled(lender)
+
+
+def _lender(client: Any) -> Any:
+    """Where the direct path takes its connections for ``client``: its pool, its single
+    connection lent out as a pool lends one, or None (no network: fakeredis)."""
+    single = getattr(client, "connection", None)
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(client, redis.Redis) or type(client).__module__.startswith("fakeredis"):
+        return None
+    if single is not None:
+        return _OneConnection(single, client.single_connection_lock)
+    return pool if isinstance(pool, redis.ConnectionPool) else None
+
+
+class _OneConnection:
+    """A single-connection client's connection, lent out like a pool lends one: under the
+    client's own lock, so that the pooled path below drives it too."""
+
+    def __init__(self, conn: Any, lock: Any) -> None:
+        self._conn = conn
+        self._lock = lock
+
+    def get_connection(self) -> Any:
+        self._lock.acquire()
+        return self._conn
+
+    def release(self, conn: Any) -> None:
+        self._lock.release()
+
+    def get_encoder(self) -> Any:
+        return self._conn.encoder
+
+
+def _takes_no_command_name(pool: Any) -> bool:
+    """redis-py 5.3+ takes ``get_connection()`` without arguments (and warns when given one);
+    older versions require the command name."""
+    try:
+        params = inspect.signature(pool.get_connection).parameters
+    except (TypeError, ValueError):
+        return False
+    first = next(iter(params.values()), None)
+    return first is None or first.default is not inspect.Parameter.empty
+
+
+def taker(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as this redis-py version wants it called (a coroutine function
+    for an asyncio pool)."""
+    if _takes_no_command_name(pool):
+        return pool.get_connection  # type: ignore[no-any-return]
+    return functools.partial(pool.get_connection, "EVALSHA")
+
+
+def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
+    """A function that packs one command for ``encoder``'s connections (sync or asyncio)."""
+    encoding, errors, encode = encoder.encoding, encoder.encoding_errors, encoder.encode
+
+    def pack(args: Tuple[Any, ...]) -> List[bytes]:
+        # RESP, as redis-py's own packer writes it, for the argument types the scripts pass
+        # (str, int, bytes); anything else goes through the client's encoder (which also
+        # raises redis-py's DataError for what it cannot send).
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            kind = type(arg)
+            if kind is str:
+                data = arg.encode(encoding, errors)
+            elif kind is int:
+                data = b"%d" % arg
+            elif kind is bytes:
+                data = arg
+            else:
+                data = encode(arg)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return [b"".join(parts)]
+
+    return pack
+
+
+def _pooled(pool: Any) -> Callable[..., Any]:
+    take = taker(pool)
+    give_back = pool.release
+    pack = packer(pool.get_encoder())
+
+    def execute(*args: Any) -> Any:
+        packed = pack(args)
+        conn = take()
+        try:
+            conn.send_packed_command(packed)
+            return conn.read_response()
+        except redis.exceptions.ResponseError:
+            raise  # the whole reply was read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # a reply may be left half-read on the socket
+            raise
+        finally:
+            give_back(conn)
+
+    return execute
+
+
+def pair_sender(client: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
+    """``sender``'s twin for a command with a second one behind it (a script and its WAIT):
+    both packed in one write on one connection, never retried; returns both replies, or
+    raises the first one's error once the second reply is read too. fakeredis (no network):
+    a pipeline of the two through ``via``."""
+    lender = _lender(client)
+    if lender is None:
+        def through(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
+            pipe = via.pipeline(transaction=False)
+            pipe.execute_command(*command)
+            pipe.execute_command(*then)
+            first, second = pipe.execute(raise_on_error=False)
+            if isinstance(first, Exception):
+                raise first
+            return first, second
+        return through
+    return _pooled_pair(lender)
+
+
+def read_pair(conn: Any) -> Tuple[Any, Any]:
+    """Read the replies of a command and of the one sent behind it on ``conn`` (a blocking
+    connection): the second is read even when the first is an error, which is then raised,
+    so that the connection is left clean; the second's error is returned as its reply."""
+    try:
+        first: Any = conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        first = exc
+    try:
+        second: Any = conn.read_response()
+    except redis.exceptions.ResponseError as exc:
+        second = exc
+    if isinstance(first, Exception):
+        raise first
+    return first, second
+
+
+def _pooled_pair(pool: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
+    take = taker(pool)
+    give_back = pool.release
+    pack = packer(pool.get_encoder())
+
+    def execute(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
+        packed = [pack(command)[0] + pack(then)[0]]
+        conn = take()
+        try:
+            conn.send_packed_command(packed)
+            return read_pair(conn)
+        except redis.exceptions.ResponseError:
+            raise  # both replies were read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # a reply may be left half-read on the socket
+            raise
+        finally:
+            give_back(conn)
+
+    return execute

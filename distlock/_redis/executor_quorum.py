@@ -1,0 +1,790 @@
+"""The Redlock executor: a lock on a quorum of independent masters (``client=[c1, ..., cN]``).
+
+Picked by ``_executor.executor_for`` for a ``_quorum.Quorum`` (what a list of masters given to
+DistLock or DistRLock becomes). Behind the executor's methods the lock's flows are unchanged:
+they run ``lock_acquire``, ``lock_release`` and ``lock_unwait`` and renew with ``lock_renew``,
+as on one server, and this executor sends each to every master *at once* and folds the
+replies into the one reply a single server would have given (the arithmetic is in
+``_quorum``, without I/O):
+
+- **Concurrently, without a thread per try.** ``fanout`` takes a connection to every master,
+  writes each its whole packed command (the EVALSHA, behind an ``INFO server`` and the
+  SCRIPT LOADs a new connection needs), and only then reads the replies, waiting for all of
+  them until one deadline. N masters cost about one round trip, not N.
+- **A grant** needs N//2+1 masters that granted, and a validity, lease - elapsed - drift,
+  above zero. Its token (``Hold.token``) is the largest of the quorum's tokens; each master's
+  own is kept here (``_Part``), and its releases, renewals and re-entries are sent with it.
+- **A failed try is undone** on every master that granted, and on every master whose reply
+  did not come back in time (it may have run: DESIGN principle 13), with ``lock_undo``, which
+  ends only the hold that very try made (each try writes a holder info of its own). A grant
+  that counted is undone likewise where it did not count (no reply in time; a master that
+  sits out); where even the undo got no reply, the release sends it again.
+- **Too few masters answered**: ``QuorumError`` (the lock's wait retries it until its timeout).
+- **Renewals** (the watchdog's batch) go to every master that still has the hold; a master
+  that says it is gone is dropped, so the quorum only shrinks. A quorum renewed it: renewed
+  (its deadline: when the renewal was sent + lease - drift); a quorum can no longer renew it:
+  lost now; too few answered to tell: an error, and the hold is lost when its validity ends.
+- **Delayed restarts.** Every new connection to a master reads ``INFO server`` in front of its
+  first command (no extra round trip). A master whose uptime is less than a try's lease
+  does not vote in that try (``_quorum.sits_out``); a grant it made anyway is undone. A new
+  ``run_id`` (a restart) also means its scripts must be loaded again.
+- **Waiters** join every master's channel: one dispatcher per master (``QuorumDispatcher``),
+  whose hints all wake the same waiter.
+
+Each master is reached through a private twin of its client (``_clients.renewer``): a pool of
+its own, timeouts of at most ``REPLY_CAP``, no hidden retries; the user's clients are not kept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Generator, List, Optional, Set, Tuple, TypeVar
+
+import redis
+
+from .._core.errors import QuorumError
+from .._core.quorum import (
+    REPLY_CAP,
+    busy_reply,
+    drift,
+    parse_info,
+    quorum,
+    reply_bound,
+    sits_out,
+    tally_acquire,
+    tally_release,
+    tally_renew,
+    validity,
+)
+from .._core.settings import settings
+from .clients import renewer
+from .executor import NOSCRIPT_TRIES, Batch, Executor, disconnect_quietly, packer, taker
+from .pubsub import Board, Dispatcher, Waiter
+
+__all__ = ["QuorumExecutor", "QuorumBatch", "QuorumDispatcher", "is_quorum"]
+
+#: How long (seconds) a master that could not be reached (no connection) is left out of the
+#: fan-outs before it is tried again: a host that is down costs one connect timeout per pause,
+#: not one per try.
+DOWN_PAUSE = 1.0
+
+#: One entry of a fan-out: (script name, keys, args), or ('', the command, ()).
+Entry = Tuple[str, Tuple[Any, ...], Tuple[Any, ...]]
+
+T = TypeVar("T")
+
+#: A plan (see ``QuorumExecutor.plan``): yields (jobs, deadline, undo), is sent fanout's result.
+Plan = Generator[Tuple[Dict[int, List[Entry]], float, Optional[Entry]], Dict[int, Any], T]
+
+
+def is_quorum(client: Any) -> bool:
+    from .._core.quorum import Quorum
+    return isinstance(client, Quorum)
+
+
+class _Master:
+    """One master: a private twin of its client, and what is known of its server."""
+
+    def __init__(self, index: int, client: Any) -> None:
+        self.index = index
+        twin = renewer(client, REPLY_CAP)
+        if twin is None:
+            raise TypeError(f"client[{index}] must be a redis.Redis on redis-py's own connection pool")
+        self.twin = twin
+        pool = twin.connection_pool
+        kwargs = pool.connection_kwargs
+        self.name = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+        self.take = taker(pool)
+        self.give_back = pool.release
+        self.pack = packer(pool.get_encoder())
+        self.lock = threading.Lock()
+        self.run_id: Optional[str] = None
+        #: when the server started (monotonic, as best known from its uptime); None: unknown
+        self.started_at: Optional[float] = None
+        #: the scripts known to be in its script cache
+        self.loaded: Set[str] = set()
+        #: a master that could not be reached is not tried again before then (monotonic),
+        #: and this is every try's answer meanwhile
+        self.down_until = 0.0
+        self.down: BaseException = redis.exceptions.ConnectionError("not reached")
+
+    def learn(self, info: Any, at: float) -> None:
+        """What a new connection's ``INFO server`` says: its run id and since when it is up."""
+        run_id, uptime = parse_info(info)
+        with self.lock:
+            if run_id != self.run_id:
+                self.loaded.clear()  # a restarted server has an empty script cache
+                self.run_id = run_id
+            if uptime is not None:
+                self.started_at = at - uptime
+
+
+class _Part:
+    """A live Redlock hold as the masters know it: each master's token, the holder info of the
+    try that made it, its deadline and (for the tests) the validity it was granted with."""
+
+    __slots__ = ("token", "tokens", "info", "until", "validity", "doubtful")
+
+    def __init__(self, token: int, tokens: Dict[int, int], info: str, until: float, validity_: float) -> None:
+        self.token = token
+        self.tokens = tokens
+        self.info = info
+        self.until = until
+        self.validity = validity_
+        #: masters where the try may have left a hold that no undo has ended yet (their reply,
+        #: and the undo's, were lost): the release sends them ``lock_undo`` again
+        self.doubtful: List[int] = []
+
+
+#: the reply of a master that did not vote (it has been up for less than one lease)
+_SAT_OUT = QuorumError("up for less than one lease: does not vote yet")
+
+
+class QuorumExecutor(Executor):
+    """Runs the lock's scripts on a quorum of independent masters (see the module's docstring)."""
+
+    def __init__(self, client: Any, real: Any = None) -> None:
+        group = client if real is None else real
+        self.masters = [_Master(i, c) for i, c in enumerate(group.masters)]
+        # the scripts (their text and SHA) are bound to the first master's twin; every master
+        # is sent them by ``fanout``, which never goes through the base class' paths
+        super().__init__(self.masters[0].twin)
+        self.n = len(self.masters)
+        self.required = quorum(self.n)
+        #: live holds, by (lock key, owner)
+        self.parts: Dict[Tuple[str, str], _Part] = {}
+        self._parts_lock = threading.Lock()
+        self._tries = itertools.count(1)
+        self._nonce = os.urandom(3).hex()
+
+    def margin(self, lease_ms: int) -> float:
+        """How much earlier than a single server's a hold's deadline is: the drift."""
+        return drift(lease_ms / 1000.0, settings().redlock_drift)
+
+    # --- the fan-out --------------------------------------------------------------------------
+
+    def fanout(self, jobs: Dict[int, List[Entry]], deadline: float,
+               undo: Optional[Entry] = None) -> Dict[int, Any]:
+        """Send each master its entries at once; per master, the list of its replies (an
+        error reply in place), or the exception that stopped it (it could not be reached, or
+        did not answer by ``deadline``: what it was sent may or may not have run). An entry
+        answered NOSCRIPT did not run: it is sent again with its script.
+
+        ``undo``: a script that undoes what was sent, written (as EVAL) on the very connection
+        of a master that did not answer by ``deadline``, behind what it was sent, before that
+        connection is given up: a server runs one connection's commands in order, so however
+        late the master runs the try, the undo runs after it (a new connection could overtake
+        it). Its ``TimeoutError`` then has ``undone`` set."""
+        out = self._round(jobs, deadline, undo)
+        for _ in range(NOSCRIPT_TRIES):
+            again, where = self.reloads(jobs, out)
+            if not again:
+                break
+            merge(out, where, self._round(again, deadline, undo))
+        return out
+
+    # --- what both shells' fan-outs share (the asyncio one: ``_asession_quorum``) -------------
+
+    def reloads(self, jobs: Dict[int, List[Entry]], out: Dict[int, Any]) -> Tuple[Dict[int, List[Entry]],
+                                                                                  Dict[int, List[int]]]:
+        """The entries answered NOSCRIPT (they did not run: sent again, with their script),
+        per master, and where their replies go."""
+        again: Dict[int, List[Entry]] = {}
+        where: Dict[int, List[int]] = {}
+        for i, replies in out.items():
+            if isinstance(replies, BaseException):
+                continue
+            for k, reply in enumerate(replies):
+                if isinstance(reply, redis.exceptions.NoScriptError):
+                    self.masters[i].loaded.discard(jobs[i][k][0])
+                    again.setdefault(i, []).append(jobs[i][k])
+                    where.setdefault(i, []).append(k)
+        return again, where
+
+    def skipped(self, master: _Master) -> Optional[BaseException]:
+        """The answer of a master that could not be reached a moment ago (not tried again
+        before ``DOWN_PAUSE`` has passed), else None."""
+        return master.down if master.down_until > time.monotonic() else None
+
+    @staticmethod
+    def unreached(master: _Master, exc: BaseException) -> BaseException:
+        """A connection to ``master`` could not be opened: nothing was sent; leave it alone for
+        ``DOWN_PAUSE``."""
+        exc.unsent = True  # type: ignore[attr-defined]
+        master.down, master.down_until = exc, time.monotonic() + DOWN_PAUSE
+        return exc
+
+    def prepare(self, master: _Master, entries: List[Entry],
+                fresh: bool) -> Tuple[List[Tuple[str, str]], bytes]:
+        """What to write to ``master`` for ``entries``: on a ``fresh`` connection, first who
+        the server is (INFO) and every script its entries run (its cache may be empty), else
+        the scripts not known to be loaded; then the entries. Returns that prefix and the
+        packed bytes."""
+        prefix: List[Tuple[str, str]] = [("info", "")] if fresh else []
+        names = {name for name, _, _ in entries if name}
+        prefix += [("load", name) for name in sorted(names if fresh else names - master.loaded)]
+        commands: List[Tuple[Any, ...]] = []
+        for kind, name in prefix:
+            commands.append(("INFO", "server") if kind == "info" else
+                            ("SCRIPT", "LOAD", self.scripts[name].script))
+        for name, keys, args in entries:
+            if name:
+                commands.append(("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args))
+            else:
+                commands.append(keys)
+        return prefix, b"".join(master.pack(c)[0] for c in commands)
+
+    @staticmethod
+    def absorb(master: _Master, prefix: List[Tuple[str, str]], replies: List[Any]) -> Tuple[List[Any], bool]:
+        """Learn from the prefix's replies (who the server is, the scripts now loaded); return
+        the entries' replies and whether the server was identified (the connection is then
+        known)."""
+        at = time.monotonic()
+        known = False
+        for (kind, name), reply in zip(prefix, replies):
+            if isinstance(reply, BaseException):
+                continue
+            if kind == "info":
+                master.learn(reply, at)
+                known = True
+            else:
+                master.loaded.add(name)
+        return replies[len(prefix):], known
+
+    def behind(self, master: _Master, entry: Entry) -> List[bytes]:
+        """``entry`` packed as EVAL (no script cache needed), to write behind a try."""
+        name, keys, args = entry
+        return master.pack(("EVAL", self.scripts[name].script, len(keys), *keys, *args))
+
+    # --- the blocking fan-out -----------------------------------------------------------------
+
+    def _round(self, jobs: Dict[int, List[Entry]], deadline: float,
+               undo: Optional[Entry] = None) -> Dict[int, Any]:
+        out: Dict[int, Any] = {}
+        sent: List[Tuple[_Master, Any, List[Tuple[str, str]], int]] = []
+        for i, entries in jobs.items():
+            master = self.masters[i]
+            skip = self.skipped(master)
+            if not entries or skip is not None:
+                out[i] = skip if skip is not None else []
+                continue
+            try:
+                conn = master.take()
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+                out[i] = self.unreached(master, exc)
+                continue
+            fresh = getattr(conn, "_distlock_sock", None) is not conn._sock
+            prefix, packed = self.prepare(master, entries, fresh)
+            try:
+                conn.send_packed_command([packed])
+            except BaseException as exc:
+                conn.disconnect()
+                master.give_back(conn)
+                if not isinstance(exc, Exception):
+                    raise
+                exc.unsent = True  # type: ignore[attr-defined]  # not all of it: the last command is incomplete
+                out[i] = exc
+                continue
+            sent.append((master, conn, prefix, len(entries)))
+        for master, conn, prefix, count in sent:
+            try:
+                replies = self._read(conn, len(prefix) + count, deadline)
+            except BaseException as exc:
+                if undo is not None and isinstance(exc, redis.exceptions.TimeoutError):
+                    exc.undone = self._send_behind(master, conn, undo)  # type: ignore[attr-defined]
+                conn.disconnect()  # a reply may still be on its way: the connection is unusable
+                master.give_back(conn)
+                if not isinstance(exc, Exception):
+                    raise
+                out[master.index] = exc
+                continue
+            master.give_back(conn)
+            out[master.index], known = self.absorb(master, prefix, replies)
+            if known:
+                conn._distlock_sock = conn._sock
+        return out
+
+    def _send_behind(self, master: _Master, conn: Any, entry: Entry) -> bool:
+        """Write ``entry`` behind what ``conn`` was sent, not reading its reply; True when it
+        was written."""
+        try:
+            conn.send_packed_command(self.behind(master, entry))
+        except Exception:  # noqa: BLE001 - the connection broke: the server has what it got
+            return False
+        return True
+
+    @staticmethod
+    def _read(conn: Any, count: int, deadline: float) -> List[Any]:
+        replies: List[Any] = []
+        for _ in range(count):
+            if not conn.can_read(timeout=max(0.0, deadline - time.monotonic())):
+                raise redis.exceptions.TimeoutError("no reply in time")
+            try:
+                replies.append(conn.read_response())
+            except redis.exceptions.ResponseError as exc:
+                replies.append(exc)  # the whole reply was read: the connection is clean
+        return replies
+
+    # --- scripts: each operation is a *plan* --------------------------------------------------
+    #
+    # A plan is a generator that decides everything and yields each fan-out it needs as
+    # ``(jobs, deadline, undo)``, then is sent what ``fanout`` returned (or thrown its error):
+    # ``_send`` drives it with the blocking ``fanout``; the asyncio port
+    # (``_asession_quorum``) drives the same plan with its own, so the quorum's rules have
+    # one copy.
+
+    def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+              tail: Optional[Tuple[Any, ...]] = None) -> Any:
+        if tail is not None:
+            # a command sent behind the script on its connection (WAIT, for min_replicas): a
+            # quorum's masters are independent, with no replicas to wait for
+            raise TypeError("min_replicas does not apply to a Redlock quorum (a list of masters)")
+        return self.drive(self.plan(name, keys, args))
+
+    def drive(self, plan: Plan[T]) -> T:
+        """Run ``plan`` with the blocking ``fanout``; its result, or its error."""
+        try:
+            request = next(plan)
+            while True:
+                try:
+                    out = self.fanout(*request)
+                except BaseException as exc:  # noqa: BLE001 - the plan decides what it means
+                    request = plan.throw(exc)
+                else:
+                    request = plan.send(out)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    def plan(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[Any]:
+        """The plan of script ``name`` (see above)."""
+        if name == "lock_acquire":
+            mode = args[4] if len(args) > 4 else ""
+            if mode in ("", "w", "p"):
+                return self._acquire(keys, args)
+            return self._reenter(keys, args)
+        if name == "lock_release":
+            return self._release(keys, args)
+        if name == "lock_unwait":
+            return self._everywhere(name, keys, args)
+        raise TypeError(f"distlock: script {name} does not run on a Redlock quorum")
+
+    def _quorum_error(self, answered: int) -> QuorumError:
+        return QuorumError(f"only {answered} of {self.n} masters answered ({self.required} required)",
+                           answered=answered, required=self.required)
+
+    def _acquire(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[int]:
+        owner, ms = str(args[0]), int(args[1])
+        lease = ms / 1000.0
+        drift_ = self.margin(ms)
+        now = time.monotonic()
+        voters = [m.index for m in self.masters if not sits_out(m.started_at, now, lease)]
+        if len(voters) < self.required:
+            raise QuorumError(f"only {len(voters)} of {self.n} masters can vote ({self.required} required): "
+                              "the others have been up for less than one lease",
+                              answered=len(voters), required=self.required)
+        # a holder info of this try's own: lock_undo ends only the hold this very try made
+        host, _, pid = str(args[3]).rpartition(":")
+        info = f"{host}#{self._nonce}{next(self._tries):x}:{pid}"
+        entry = ("lock_acquire", keys, (args[0], args[1], args[2], info, *args[4:]))
+        sent = time.monotonic()
+        undo_entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
+        try:
+            out = yield ({i: [entry] for i in voters}, sent + reply_bound(lease, drift_), undo_entry)
+        except BaseException:
+            # interrupted (KeyboardInterrupt, a cancelled task) with replies unread: undo the
+            # try everywhere
+            try:
+                yield from self._undo(keys, owner, info, voters)
+            except Exception:  # noqa: BLE001 - what cannot be undone ends with its lease
+                pass
+            raise
+        done = time.monotonic()
+        replies: Dict[int, Any] = {}
+        undo: List[int] = []
+        for i, got in out.items():
+            reply = got if isinstance(got, BaseException) else got[0]
+            if isinstance(reply, BaseException):
+                lost = not isinstance(reply, redis.exceptions.ResponseError)
+                if lost and not getattr(reply, "unsent", False) and not getattr(reply, "undone", False):
+                    undo.append(i)  # no reply, and no undo behind the try: the try may have run there
+            elif sits_out(self.masters[i].started_at, done, lease):
+                # a new connection found the master up for less than one lease: not a vote
+                if int(reply) > 0:
+                    undo.append(i)
+                reply = _SAT_OUT
+            replies[i] = reply
+        grants, _, answered = tally_acquire(list(replies.values()), len(voters))
+        valid = validity(lease, done - sent, drift_)
+        if grants >= self.required and valid > 0:
+            tokens = {i: int(r) for i, r in replies.items()
+                      if not isinstance(r, BaseException) and int(r) > 0}
+            doubtful = (yield from self._undo(keys, owner, info, undo)) if undo else []
+            token = max(tokens.values())
+            part = _Part(token, tokens, info, sent + lease - drift_, valid)
+            part.doubtful = doubtful
+            self._keep(keys[0], owner, part)
+            return token
+        undo += [i for i, r in replies.items() if not isinstance(r, BaseException) and int(r) > 0]
+        if undo:
+            yield from self._undo(keys, owner, info, undo)
+        if answered < self.required:
+            raise self._quorum_error(answered)
+        return busy_reply(replies.values())
+
+    def _undo(self, keys: Tuple[str, ...], owner: str, info: str, masters: List[int]) -> Plan[List[int]]:
+        """Send ``lock_undo`` for one try to ``masters`` (``keys``: the lock's hash first, its
+        registry last); return those where it may not have run (no reply). Such a master keeps
+        the try's hold until its lease ends (the try did not count there). Safe to repeat: it
+        ends only that try's hold."""
+        entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
+        out = yield ({i: [entry] for i in masters}, time.monotonic() + REPLY_CAP, entry)
+        return [i for i, got in out.items() if isinstance(got, BaseException)
+                and not getattr(got, "undone", False) and not getattr(got, "unsent", False)]
+
+    def _keep(self, key: str, owner: str, part: _Part) -> None:
+        now = time.monotonic()
+        with self._parts_lock:
+            if len(self.parts) > 64:
+                for gone in [k for k, p in self.parts.items() if p.until < now]:
+                    del self.parts[gone]
+            self.parts[(key, owner)] = part
+
+    def _part(self, key: str, owner: str, token: Any) -> Optional[_Part]:
+        with self._parts_lock:
+            part = self.parts.get((key, owner))
+        return part if part is not None and str(part.token) == str(token) else None
+
+    def _drop(self, key: str, owner: str, part: _Part) -> None:
+        with self._parts_lock:
+            if self.parts.get((key, owner)) is part:
+                del self.parts[(key, owner)]
+
+    def _reenter(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[int]:
+        owner = str(args[0])
+        part = self._part(keys[0], owner, args[4])
+        if part is None:
+            return 0
+        ms = int(args[1])
+        jobs = {i: [("lock_acquire", keys, (*args[:4], str(tok), *args[5:]))]
+                for i, tok in part.tokens.items()}
+        out = yield (jobs, time.monotonic() + reply_bound(ms / 1000.0, self.margin(ms)), None)
+        replies: List[Any] = []
+        for i, got in out.items():
+            reply = got if isinstance(got, BaseException) else got[0]
+            if not isinstance(reply, BaseException):
+                reply = int(int(reply) > 0)
+                if not reply:
+                    part.tokens.pop(i, None)  # gone there: the quorum only shrinks
+            replies.append(reply)
+        renewed = tally_renew(replies, self.n)
+        if renewed == 1:
+            part.until = max(part.until, time.monotonic() + ms / 1000.0 - self.margin(ms))
+            return part.token
+        if renewed == 0:
+            self._drop(keys[0], owner, part)
+            return 0
+        raise self._quorum_error(sum(1 for r in replies if not isinstance(r, BaseException)))
+
+    def _release(self, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[int]:
+        owner = str(args[0])
+        part = self._part(keys[0], owner, args[1])
+        if part is None:
+            return -1
+        jobs = {i: [("lock_release", keys, (args[0], str(tok), *args[2:]))]
+                for i, tok in part.tokens.items()}
+        out = yield (jobs, time.monotonic() + REPLY_CAP, None)
+        replies: List[Any] = []
+        for i in range(self.n):
+            got = out.get(i)
+            if got is None:
+                replies.append(-1)  # it did not have the hold (or its grant's reply was lost)
+                continue
+            reply = got if isinstance(got, BaseException) else got[0]
+            replies.append(reply)
+            if not isinstance(reply, BaseException) and int(reply) <= 0:
+                part.tokens.pop(i, None)
+        left = tally_release(replies, self.n)
+        if left is None:
+            raise self._quorum_error(sum(1 for i, r in enumerate(replies)
+                                         if i in out and not isinstance(r, BaseException)))
+        if left <= 0:
+            self._drop(keys[0], owner, part)
+            if part.doubtful:  # masters where the grant's try may still be, not undone yet
+                yield from self._undo(keys, owner, part.info, part.doubtful)
+        return left
+
+    def _everywhere(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[Any]:
+        out = yield ({i: [(name, keys, args)] for i in range(self.n)}, time.monotonic() + REPLY_CAP, None)
+        replies = [got if isinstance(got, BaseException) else got[0] for got in out.values()]
+        for reply in replies:
+            if not isinstance(reply, BaseException):
+                return reply
+        raise replies[0]
+
+    # --- the other kinds of traffic ---------------------------------------------------------
+
+    def read(self, *command: Any) -> Any:
+        return self.drive(self.read_plan(*command))
+
+    def read_plan(self, *command: Any) -> Plan[Any]:
+        """EXISTS of a lock (``locked()``): 1 when a quorum of masters has it. Other commands
+        are not read on a quorum."""
+        if str(command[0]).upper() == "HMGET":
+            # what a lock reads after a try's reply was lost, to undo a grant: a quorum's
+            # executor has undone it already (``_acquire``), so there is nothing to find
+            return [None] * (len(command) - 2)
+        if str(command[0]).upper() != "EXISTS":
+            raise TypeError(f"distlock: {command[0]} is not read on a Redlock quorum")
+        out = yield ({i: [("", command, ())] for i in range(self.n)}, time.monotonic() + REPLY_CAP, None)
+        replies = [got if isinstance(got, BaseException) else got[0] for got in out.values()]
+        answered = [r for r in replies if not isinstance(r, BaseException)]
+        if len(answered) < self.required:
+            raise self._quorum_error(len(answered))
+        return int(sum(1 for r in answered if int(r) > 0) >= self.required)
+
+    def batch(self) -> QuorumBatch:
+        return QuorumBatch(self)
+
+    def renewal_batch(self) -> QuorumBatch:
+        return QuorumBatch(self)
+
+    def drop_renewal(self) -> None:
+        pass  # the masters' twins serve every kind of traffic: closed with the session
+
+    def close(self) -> None:
+        """Close every connection to the masters (the session is retired)."""
+        for master in self.masters:
+            disconnect_quietly(master.twin)
+
+    def pubsub(self) -> Any:
+        raise TypeError("a Redlock quorum has one pub/sub connection per master: see dispatcher()")
+
+    def dispatcher(self, source: Callable[[], Any], tag: str) -> Any:
+        return QuorumDispatcher(source, tag, self.masters)
+
+
+def merge(out: Dict[int, Any], where: Dict[int, List[int]], again: Dict[int, Any]) -> None:
+    """Put the replies of entries sent again (``reloads``) in their places in ``out``."""
+    for i, replies in again.items():
+        for k, reply in zip(where[i], replies if isinstance(replies, list) else [replies] * len(where[i])):
+            out[i][k] = reply
+
+
+class QuorumBatch(Batch):
+    """The watchdog's renewals of Redlock holds: each goes to every master that still has the
+    hold, all masters at once (``QuorumExecutor.fanout``); one reply per hold, folded by
+    ``_quorum.tally_renew``."""
+
+    __slots__ = ("_executor", "_entries")
+
+    def __init__(self, executor: QuorumExecutor) -> None:  # noqa: D107
+        # (Batch's one pipeline is one per master here: nothing of Batch.__init__ applies)
+        self._executor = executor
+        self._entries: List[Entry] = []
+
+    def script(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> None:
+        if name != "lock_renew":
+            raise TypeError(f"distlock: script {name} does not run on a Redlock quorum")
+        self._entries.append((name, tuple(keys), tuple(args)))
+
+    def command(self, *args: Any) -> None:
+        raise TypeError("distlock: a Redlock quorum batches renewals only")
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def execute(self, raise_on_error: bool = True) -> List[Any]:
+        executor = self._executor
+        jobs: Dict[int, List[Entry]] = {}
+        where: Dict[int, List[int]] = {}
+        parts: List[Optional[_Part]] = []
+        replies: List[Any] = [0] * len(self._entries)
+        for e, (name, keys, args) in enumerate(self._entries):
+            owner, token, ms, fence_ms = args
+            part = executor._part(keys[0], str(owner), token)
+            parts.append(part)
+            if part is None:
+                continue  # not a hold this executor granted (any more): gone
+            for i, tok in part.tokens.items():
+                jobs.setdefault(i, []).append((name, keys, (owner, str(tok), ms, fence_ms)))
+                where.setdefault(i, []).append(e)
+        sent = time.monotonic()
+        out = executor.fanout(jobs, sent + min(REPLY_CAP, settings().renew_interval))
+        per_hold: Dict[int, List[Any]] = {}
+        for i, got in out.items():
+            for k, e in enumerate(where[i]):
+                reply = got if isinstance(got, BaseException) else got[k]
+                per_hold.setdefault(e, []).append(reply)
+                part = parts[e]
+                if part is not None and not isinstance(reply, BaseException) and int(reply) == 0:
+                    part.tokens.pop(i, None)  # gone there: the quorum only shrinks
+        for e, got in per_hold.items():
+            part = parts[e]
+            assert part is not None
+            outcome = tally_renew(got, executor.n)
+            if outcome is None:
+                answered = sum(1 for r in got if not isinstance(r, BaseException))
+                replies[e] = executor._quorum_error(answered)
+                continue
+            replies[e] = outcome
+            ms = int(self._entries[e][2][2])
+            if outcome == 1:
+                part.until = sent + ms / 1000.0 - executor.margin(ms)
+            else:
+                executor._drop(self._entries[e][1][0], str(self._entries[e][2][0]), part)
+        if raise_on_error:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        return replies
+
+
+# --- waiting: one dispatcher per master, every hint wakes the same waiter ----------------------
+
+class _Fan:
+    """One waiter of a Redlock lock: one ``Waiter`` per master's dispatcher, all sharing the
+    first one's event, so that a hint from any master wakes it."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: List[Waiter]) -> None:
+        self.inner = inner
+
+    @property
+    def named(self) -> bool:
+        return any(w.named for w in self.inner)
+
+    @property
+    def channel(self) -> Any:
+        return self.inner[0].channel
+
+
+class Boards:
+    """What the quorum's dispatchers of both shells share: one dispatcher per master
+    (``_boards``), a waiter in each (a ``_Fan``). Each shell adds ``join`` and ``sleep`` (the
+    only parts that block or await) and ``close``."""
+
+    _boards: List[Any]
+
+    def __init__(self, boards: List[Any]) -> None:
+        self._boards = boards
+        self._required = quorum(len(boards))
+        self.closed = False
+
+    def _wait_bound(self, bound: Optional[float]) -> Optional[float]:
+        """Until when ``join`` waits for a quorum of confirmed subscriptions (as on one server:
+        at most the bound, at most the wait cap); None: it does not wait."""
+        if bound is not None and bound <= 0:
+            return None
+        cap = settings().wait_cap
+        return time.monotonic() + (cap if bound is None else min(bound, cap))
+
+    def _share_event(self, inner: List[Waiter]) -> _Fan:
+        """The waiters of one wait, one per master, woken by the first one's event."""
+        for waiter in inner[1:]:
+            waiter.event = inner[0].event
+        return _Fan(inner)
+
+    def _left(self, fan: _Fan, started: float, head_bound: float, limit: Optional[float]) -> float:
+        """How long ``sleep`` may still wait (<= 0: no more), as ``Dispatcher.sleep``: the bound is
+        that of the first master's queue; 0 once any master hinted."""
+        if any(w.hinted for w in fan.inner):
+            return 0.0
+        return Board._bound(fan.inner[0], head_bound, limit) - (time.monotonic() - started)
+
+    def _take_hint(self, fan: _Fan) -> bool:
+        """Whether any master hinted this wait since the last look (and forget it)."""
+        hinted = False
+        for board, waiter in zip(self._boards, fan.inner):
+            with board.mutex:
+                hinted = hinted or bool(waiter.hinted)
+                waiter.hinted = False
+        fan.inner[0].event.clear()
+        return hinted
+
+    def leave(self, fan: _Fan, acquired: bool) -> bool:
+        last = [board.leave(waiter, acquired) for board, waiter in zip(self._boards, fan.inner)]
+        return bool(last[0])
+
+    def _leave_partial(self, inner: List[Waiter]) -> None:
+        """A join interrupted: leave the masters joined so far."""
+        for board, waiter in zip(self._boards, inner):
+            board.leave(waiter, False)
+
+    def busy(self) -> bool:
+        return any(board.busy() for board in self._boards)
+
+    def wake_all(self) -> None:
+        for board in self._boards:
+            board.wake_all()
+
+    def subscribed(self) -> List[str]:
+        return sorted({name for board in self._boards for name in board.subscribed()})
+
+    def boards(self) -> List[Any]:
+        """For tests: the dispatcher of each master, in the list's order."""
+        return list(self._boards)
+
+
+class QuorumDispatcher(Boards):
+    """The session's dispatcher on a quorum: ``_pubsub.Dispatcher``'s methods over one
+    dispatcher per master (each with its pub/sub connection and thread, as a cluster has one
+    per node)."""
+
+    def __init__(self, source: Callable[[], Any], tag: str, masters: List[_Master]) -> None:
+        super().__init__([_MasterDispatcher(source, i, f"{tag}-{m.name.rpartition(':')[2]}")
+                          for i, m in enumerate(masters)])
+
+    def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> _Fan:
+        inner: List[Waiter] = []
+        try:
+            for board in self._boards:
+                inner.append(board.join(channel_name, 0, ident))
+        except BaseException:
+            self._leave_partial(inner)
+            raise
+        fan = self._share_event(inner)
+        deadline = self._wait_bound(bound)
+        if deadline is not None:
+            confirmed = 0
+            for waiter in inner:
+                if waiter.channel.confirmed.wait(max(0.0, deadline - time.monotonic())):
+                    confirmed += 1
+                    if confirmed >= self._required:
+                        break
+        return fan
+
+    def sleep(self, fan: _Fan, head_bound: float, limit: Optional[float] = None) -> bool:
+        """As ``Dispatcher.sleep``: the bound is that of the first master's queue."""
+        started = time.monotonic()
+        while (left := self._left(fan, started, head_bound, limit)) > 0:
+            fan.inner[0].event.wait(left)
+            fan.inner[0].event.clear()
+        return self._take_hint(fan)
+
+    @property
+    def reconnects(self) -> int:
+        return sum(board.reconnects for board in self._boards)
+
+    @property
+    def running(self) -> bool:
+        return any(board.running for board in self._boards)
+
+    def close(self, join: bool) -> None:
+        self.closed = True
+        for board in self._boards:
+            board.close(join)
+
+
+class _MasterDispatcher(Dispatcher):
+    """A dispatcher on one master of the quorum."""
+
+    def __init__(self, source: Callable[[], Any], index: int, tag: str) -> None:
+        super().__init__(source, tag)
+        self.index = index
+
+    def _open(self) -> Any:
+        return self._executor().masters[self.index].twin.pubsub()

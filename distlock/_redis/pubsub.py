@@ -1,0 +1,479 @@
+"""The pub/sub side of a session: one connection and one dispatcher thread for every channel
+this process waits on.
+
+Waiters join a channel (subscribing it if this process is not subscribed yet), sleep until a
+hint or their bound, and leave. Subscriptions are reference-counted and dropped
+``UNSUBSCRIBE_AFTER`` seconds after their last waiter left. The dispatcher thread starts with
+the first waiter and exits, closing its connection, once no channel is left: a process that
+stops waiting keeps no thread and no connection for it.
+
+Hints are only hints (DESIGN principle 1): a lost message or a dropped connection costs a
+waiter at most its bound.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable, Deque, Dict, List, Optional, Set
+
+import redis
+
+from .._core.replies import handoff
+from .._core.settings import settings
+
+__all__ = ["Board", "Dispatcher", "Waiter", "wake_count", "wake_idents", "UNSUBSCRIBE_AFTER"]
+
+log = logging.getLogger("distlock")
+
+#: How long a channel stays subscribed after its last waiter left: a lock contended again at
+#: once does not pay SUBSCRIBE/UNSUBSCRIBE each time. Once no channel is left, the dispatcher
+#: exits. Short, so that the thread is gone within CPython's own test harness' bound (its
+#: ``threading_cleanup`` waits 1 s for the threads a test started to end).
+UNSUBSCRIBE_AFTER = 0.3
+
+#: How long one read of the pub/sub connection blocks: the dispatcher's tick (unsubscribing idle
+#: channels, noticing it has nothing left to do or that its session closed).
+TICK = 0.1
+
+
+class Waiter:
+    """One thread waiting on one channel of this process.
+
+    ``ident`` (optional) names this waiter to hints that wake chosen waiters only: a payload
+    ``=id1,id2`` wakes exactly the local waiters of that channel whose ident is listed, and
+    sets their ``named`` (it stays set: the primitive that published it may treat it as news);
+    ``+<ident> <payload>`` (a fair lock's hand-off) names exactly one and hands it ``payload``.
+    """
+
+    __slots__ = ("event", "channel", "ident", "named", "hinted", "payload")
+
+    def __init__(self, channel: Channel, ident: Optional[str] = None,
+                 event: Callable[[], Any] = threading.Event) -> None:
+        #: a ``threading.Event`` (an ``asyncio.Event`` in the asyncio shell's dispatcher)
+        self.event = event()
+        self.channel = channel
+        self.ident = ident
+        self.named = False
+        #: a hint (or a hand-over) asked this waiter to try again; set only under the mutex
+        self.hinted = False
+        #: what a hint that named this waiter alone carried (a fair lock's hand-off: the token
+        #: and lease of the hold it was given; see ``_fairlogic.handoff``)
+        self.payload: Optional[str] = None
+
+
+class Channel:
+    __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up", "moved",
+                 "turns")
+
+    def __init__(self, name: str, event: Callable[[], Any] = threading.Event) -> None:
+        self.name = name
+        self.refs = 0
+        self.pending = 0  # SUBSCRIBE commands sent whose confirmation has not arrived yet
+        self.confirmed = event()
+        self.waiters: Deque[Waiter] = collections.deque()
+        self.idle_since = 0.0
+        self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
+        #: its slot moved to another node of a cluster (``_pubsub_cluster``): not subscribed
+        #: again here; its waiters move to the new owner
+        self.moved = False
+        #: how many processes took turns with a default lock at the last yield to this
+        #: process (a 'y<n>' hint; 0: none yet): its next quantum is barge_limit / n (_shares)
+        self.turns = 0
+
+
+class Board:
+    """The bookkeeping of one pub/sub connection's channels and waiters, without I/O: what a
+    dispatcher for threads (``Dispatcher``) and one for an event loop
+    (``_apubsub.AsyncDispatcher``) share. ``event`` makes the waiters' and channels' events
+    (``threading.Event`` or ``asyncio.Event``: both have ``set``, ``clear`` and ``is_set``).
+    """
+
+    event: Callable[[], Any] = threading.Event
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.channels: Dict[str, Channel] = {}
+        self._pubsub: Any = None
+        self.reconnects = 0
+        self.closed = False
+
+    def _enqueue(self, channel_name: str, ident: Optional[str]) -> tuple[Waiter, Any]:
+        """Queue a new waiter on ``channel_name``; return it and the pub/sub connection to
+        send SUBSCRIBE on (None: already subscribed, or on its way). Holds the mutex."""
+        chan = self.channels.get(channel_name)
+        if chan is None:
+            chan = self.channels[channel_name] = Channel(channel_name, self.event)
+        chan.refs += 1
+        if chan.moved:  # joined here again: the slot map says this node owns it (again)
+            chan.moved = False
+        waiter = Waiter(chan, ident, self.event)
+        chan.waiters.append(waiter)
+        pubsub = self._pubsub
+        send = chan.pending == 0 and not chan.confirmed.is_set() and pubsub is not None
+        if send:
+            chan.pending += 1
+        return waiter, pubsub if send else None
+
+    def leave(self, waiter: Waiter, acquired: bool) -> bool:
+        """Take ``waiter`` off its queue; return True when it was the last one on its channel.
+
+        A waiter that leaves without the lock hands its place at the head (and with it the
+        short polling bound) to the next one."""
+        chan = waiter.channel
+        with self.mutex:
+            was_head = bool(chan.waiters) and chan.waiters[0] is waiter
+            try:
+                chan.waiters.remove(waiter)
+            except ValueError:
+                pass
+            if was_head and not acquired:
+                _wake(chan, 1)
+            elif was_head and chan.waiters:
+                # Promote the new head without a try: it goes back to sleep with the head's
+                # short bound instead of the long one it fell asleep with (see sleep()).
+                chan.waiters[0].event.set()
+            chan.refs -= 1
+            if chan.refs == 0:
+                chan.idle_since = time.monotonic()
+            return not chan.waiters
+
+    @staticmethod
+    def _bound(waiter: Waiter, head_bound: float, limit: Optional[float]) -> float:
+        """How long ``waiter`` sleeps now (see ``Dispatcher.sleep``)."""
+        chan = waiter.channel
+        bound = head_bound
+        if not (chan.waiters and chan.waiters[0] is waiter):
+            bound = head_bound * settings().queue_cap_factor
+        return bound if limit is None else min(bound, limit)
+
+    def _take_hint(self, waiter: Waiter) -> bool:
+        """The end of a sleep: whether a hint ended it (and forget that hint)."""
+        with self.mutex:
+            hinted = waiter.hinted
+            waiter.hinted = False
+        waiter.event.clear()
+        return hinted
+
+    def busy(self) -> bool:
+        """True while any waiter of this process waits on any channel."""
+        with self.mutex:
+            return any(chan.refs > 0 for chan in self.channels.values())
+
+    def wake_all(self) -> None:
+        with self.mutex:
+            for chan in self.channels.values():
+                _wake(chan, None)
+
+    def subscribed(self) -> List[str]:
+        with self.mutex:
+            return [c.name for c in self.channels.values() if c.confirmed.is_set()]
+
+    def _open(self) -> Any:
+        """A new pub/sub connection (redis-py's PubSub, blocking or asyncio)."""
+        raise NotImplementedError
+
+    def _connect_locked(self) -> None:
+        """Open a new pub/sub connection, on which every channel must be subscribed again
+        (holds the mutex)."""
+        self._pubsub = self._open()
+        self._reset_channels()
+
+    def _broken(self, exc: BaseException) -> Any:
+        """The pub/sub connection failed: start over on a fresh one, which subscribes again;
+        return the old one, to close. Waiters are woken when the server confirms that
+        re-subscription (see ``_handle``), not now: a try now would most likely meet the same
+        broken server and raise ConnectionError; meanwhile each sleeps no longer than its
+        bound."""
+        log.warning("distlock: pub/sub connection lost (%r); reconnecting", exc)
+        with self.mutex:
+            old = self._pubsub
+            self._connect_locked()
+            self.reconnects += 1
+        return old
+
+    def _reset_channels(self) -> None:
+        """A new pub/sub connection: every channel must be subscribed again (holds the mutex)."""
+        for chan in self.channels.values():
+            chan.was_up = chan.was_up or chan.confirmed.is_set()
+            chan.confirmed.clear()
+            chan.pending = 0
+
+    def _to_resubscribe(self) -> List[str]:
+        """The channels with waiters that are neither subscribed nor on their way; counted as
+        on their way from now."""
+        with self.mutex:
+            names = [c.name for c in self.channels.values()
+                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set() and not c.moved]
+            for name in names:
+                self.channels[name].pending += 1
+        return names
+
+    def _drop_idle(self) -> tuple[List[str], bool]:
+        """Forget channels idle for UNSUBSCRIBE_AFTER; return those still subscribed, to
+        UNSUBSCRIBE, and whether none is left (the reader should then exit: it has given up
+        its place, and must close its connection)."""
+        now = time.monotonic()
+        with self.mutex:
+            idle = [c for c in self.channels.values()
+                    if c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER]
+            for chan in idle:
+                del self.channels[chan.name]
+            done = not self.channels
+            if done:
+                self._reader_gone()
+                self._pubsub = None
+        return [c.name for c in idle if c.confirmed.is_set()], done
+
+    def _reader_gone(self) -> None:
+        """The reader exits idle (holds the mutex)."""
+
+    def _handle(self, message: Dict[str, Any]) -> None:
+        kind = message.get("type")
+        channel = message.get("channel")
+        if isinstance(channel, bytes):
+            channel = channel.decode("utf-8", "surrogateescape")
+        with self.mutex:
+            chan = self.channels.get(channel) if channel is not None else None
+            if chan is None:
+                return
+            if kind == "subscribe":
+                # A confirmation for a channel that was subscribed before is a re-subscription
+                # (ours, or redis-py's own after it reconnected inside get_message): hints sent
+                # while the connection was down are lost, so every waiter tries again now.
+                again = chan.was_up or chan.confirmed.is_set()
+                chan.pending = max(0, chan.pending - 1)
+                if chan.pending == 0:
+                    chan.confirmed.set()
+                if again:
+                    chan.was_up = False
+                    _wake(chan, None)
+            elif kind == "moved":
+                # A cluster moved the channel's slot to another node (``_pubsub_cluster``):
+                # every waiter tries again, and then waits on the new owner.
+                chan.moved = True
+                chan.pending = 0
+                chan.confirmed.clear()
+                _wake(chan, None)
+            elif kind == "message":
+                data = message.get("data")
+                if isinstance(data, bytes):
+                    data = data.decode("ascii", "replace")
+                handed = handoff(data)
+                idents = wake_idents(data) if handed is None else None
+                if handed is not None:
+                    for waiter in chan.waiters:  # only the wait of that nonce; late ones: none
+                        if waiter.ident == handed[0]:
+                            waiter.payload = handed[1]
+                            waiter.named = True
+                            waiter.hinted = True
+                            waiter.event.set()
+                elif idents is not None:
+                    for waiter in chan.waiters:
+                        if waiter.ident is not None and waiter.ident in idents:
+                            waiter.named = True
+                            waiter.hinted = True
+                            waiter.event.set()
+                else:
+                    turns = yield_turns(data)
+                    if turns:
+                        chan.turns = turns
+                    _wake(chan, wake_count(data))
+
+
+class Dispatcher(Board):
+    """Channels, their waiters, and the thread that reads the pub/sub connection.
+
+    ``executor`` is called for the executor whose ``pubsub()`` opens the pub/sub connection
+    (each time one is opened: after a failure, or when the thread starts again after it had
+    exited idle).
+    """
+
+    def __init__(self, executor: Callable[[], Any], tag: str) -> None:
+        super().__init__()
+        self._executor = executor
+        self._tag = tag
+        #: Serializes SUBSCRIBE/UNSUBSCRIBE: redis-py's PubSub is not thread-safe, and two
+        #: threads' first subscribes would each open a connection, one of them orphaned with its
+        #: channels (their wake-ups lost, waiters left to their polling bound).
+        self._io = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    # --- waiting ----------------------------------------------------------------------------
+
+    def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> Waiter:
+        """Subscribe to ``channel_name`` (if this process is not yet) and queue a waiter on it.
+
+        Wait for the server's confirmation of the subscription at most ``bound`` seconds, so a
+        release that happens after the caller's next try is never missed in normal operation.
+        """
+        with self.mutex:
+            if self._thread is None and not self.closed:
+                self._connect_locked()
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"distlock-pubsub-{self._tag}", daemon=True)
+                self._thread.start()
+            waiter, pubsub = self._enqueue(channel_name, ident)
+        chan = waiter.channel
+        send = pubsub is not None
+        try:
+            if send:
+                try:
+                    with self._io:
+                        pubsub.subscribe(channel_name)
+                except redis.RedisError as exc:  # the dispatcher reconnects and subscribes again
+                    log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
+            if bound is None or bound > 0:
+                cap = settings().wait_cap
+                chan.confirmed.wait(cap if bound is None else min(bound, cap))
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, a non-Redis error) before the caller had the
+            # waiter: nobody else can take it off its queue.
+            self.leave(waiter, False)
+            raise
+        return waiter
+
+    def sleep(self, waiter: Waiter, head_bound: float, limit: Optional[float] = None) -> bool:
+        """Sleep until woken by a hint, or at most the bound: ``head_bound`` for the head of
+        this process' queue, ``head_bound * queue_cap_factor`` for the others, who are handed
+        the head's place in order: a head that leaves without the lock hands a wake-up on, and
+        one that leaves with it promotes the next, which then sleeps out the head's bound.
+        ``limit`` (e.g. the caller's time left) caps either bound. Return True when a hint
+        (not the bound) ended the sleep."""
+        started = time.monotonic()
+        while not waiter.hinted:
+            left = self._bound(waiter, head_bound, limit) - (time.monotonic() - started)
+            if left <= 0:
+                break
+            waiter.event.wait(left)
+            waiter.event.clear()  # a promotion (the head left) only re-reads the bound
+        return self._take_hint(waiter)
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _open(self) -> Any:
+        return self._executor().pubsub()
+
+    def _loop(self) -> None:
+        backoff = 0.05
+        while not self.closed:
+            pubsub = self._pubsub
+            try:
+                self._resubscribe_if_needed(pubsub)
+                message = pubsub.get_message(timeout=TICK)
+                backoff = 0.05
+            except Exception as exc:  # noqa: BLE001 - this thread must outlive any failure
+                if self.closed:
+                    break
+                try:
+                    self._on_broken(exc)
+                except ReferenceError:
+                    # the user's client the session talked through (a weak proxy: a Sentinel
+                    # client, say) is gone, and with it every primitive and waiter of it
+                    with self.mutex:
+                        self._reader_gone()
+                        self._pubsub = None
+                    break
+                except Exception:  # noqa: BLE001 - no new connection yet: try again
+                    log.exception("distlock: pub/sub reconnect failed")
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            try:
+                if message is not None:
+                    self._handle(message)
+                if self._unsubscribe_idle(pubsub):
+                    return  # nothing left to wait on: the thread and its connection go
+            except Exception:  # noqa: BLE001 - a surprise in one message must not stop the rest
+                log.exception("distlock: pub/sub dispatcher error")
+        _close_quietly(pubsub)
+
+    def _resubscribe_if_needed(self, pubsub: Any) -> None:
+        names = self._to_resubscribe()
+        if names:
+            with self._io:
+                pubsub.subscribe(*names)
+
+    def _unsubscribe_idle(self, pubsub: Any) -> bool:
+        """Drop channels idle for UNSUBSCRIBE_AFTER; return True when the thread should exit
+        (no channel left: it has then given up its place, and its connection is closed)."""
+        names, done = self._drop_idle()
+        if done:
+            _close_quietly(pubsub)
+        elif names:
+            with self._io:
+                pubsub.unsubscribe(*names)
+        return done
+
+    def _reader_gone(self) -> None:
+        self._thread = None
+
+    def _on_broken(self, exc: BaseException) -> None:
+        _close_quietly(self._broken(exc))
+
+    def close(self, join: bool) -> None:
+        """Stop the thread (``join``: and wait for it) and close the connection."""
+        self.closed = True
+        with self.mutex:
+            thread, pubsub = self._thread, self._pubsub
+        if join and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=3.0)
+        _close_quietly(pubsub)
+
+
+def _wake(chan: Channel, n: Optional[int]) -> None:
+    """Wake the ``n`` oldest waiters not woken yet (all when ``n`` is None); holds the mutex."""
+    for waiter in chan.waiters:
+        if n is not None and n <= 0:
+            break
+        if not waiter.hinted:
+            waiter.hinted = True
+            waiter.event.set()
+            if n is not None:
+                n -= 1
+
+
+def _close_quietly(pubsub: Any) -> None:
+    if pubsub is None:
+        return
+    try:
+        pubsub.close()
+    except Exception:  # noqa: BLE001 - closing a connection that may already be broken
+        pass
+
+
+def wake_idents(data: Any) -> Optional[Set[str]]:
+    """The idents a ``=id1,id2`` hint wakes (each exactly, wherever it is in the queue), or
+    None when the hint is a count (``1``, ``3``, ``*``) instead."""
+    if isinstance(data, str) and data.startswith("="):
+        return set(data[1:].split(","))
+    return None
+
+
+def yield_turns(data: Any) -> int:
+    """A default lock yielded to this process (a ``y<n>`` hint, ``free_hold``): n, how many
+    processes take turns with it; 0 for any other hint."""
+    if isinstance(data, str) and data[:1] == "y":
+        try:
+            return max(1, int(data[1:]))
+        except ValueError:
+            return 0
+    return 0
+
+
+def wake_count(data: Any) -> Optional[int]:
+    """How many local waiters one hint wakes: an integer (a ``y<n>`` hint wakes one), or ``*``
+    for all of them."""
+    if data == "*":
+        return None
+    try:
+        return max(1, int(data))
+    except (TypeError, ValueError):
+        return 1

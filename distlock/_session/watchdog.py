@@ -1,0 +1,417 @@
+"""Holds, and the watchdog thread that renews a session's watchdog holds in batches.
+
+No exception of any kind stops the watchdog (DESIGN principle 11): a renewal that fails for
+any reason, a Redis error or not (redis-py's cluster pipeline raises RedisClusterException,
+which is not a RedisError), is logged and tried again soon, and a hold whose lease has passed
+without a renewal is reported lost: ``on_lost`` runs, ``owned()`` turns False, ``release()``
+raises LockLostError.
+
+The thread starts with the first watchdog hold (or deferred task) and exits after
+``IDLE_EXIT`` seconds with neither; it starts again on demand.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import threading
+import time
+import weakref
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+from .._core.outcomes import ENDED, RENEWED, renewal
+from .._core.replicas import batch_wait, renewal_counts
+from .._core.settings import settings
+from .metrics import Meter, renewed
+
+__all__ = ["Hold", "Watchdog", "IDLE_EXIT"]
+
+log = logging.getLogger("distlock")
+
+#: How long the watchdog thread stays with nothing to renew or run before it exits, and how
+#: often it looks (seconds): together well inside the 1 s that CPython's test harness gives the
+#: threads a test started to end.
+IDLE_EXIT = 0.2
+TICK = 0.1
+
+#: renew(batch, hold, lease_ms): queue one renewal of a hold on ``batch`` (an ``_executor.Batch``).
+Renew = Callable[[Any, "Hold", int], Any]
+#: end(hold): give the whole hold back (one round trip); used at interpreter exit.
+End = Callable[["Hold"], Any]
+#: notify(listener): tell one of the hold's listeners (a primitive) that the hold was lost.
+Notify = Callable[[Any], Any]
+
+
+class Hold:
+    """What this process knows of one hold it was granted.
+
+    ``count`` mirrors the reentrancy count kept in Redis; ``token`` is the fencing token of the
+    grant. ``lost`` is set once the hold is found gone or someone else's; after that ``release``
+    raises LockLostError and the watchdog leaves it alone.
+    """
+
+    __slots__ = (
+        "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
+        "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
+        "pending", "acks",
+        "__weakref__",
+    )
+
+    def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
+                 watchdog: bool, lease_ms: int, sent_at: float, renew: Renew,
+                 end: Optional[End] = None, notify: Optional[Notify] = None,
+                 meter: Optional[Meter] = None, grant: bool = False,
+                 acks: Optional[Tuple[int, int]] = None) -> None:
+        self.session = session
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.count = count
+        self.watchdog = watchdog
+        self.lease_ms = lease_ms
+        #: monotonic time by which the lease runs out unless renewed (counted from the moment the
+        #: grant was *sent*, so it is never later than the server's own deadline)
+        self.expires_at = sent_at + lease_ms / 1000.0
+        self.lost = False
+        #: set while a release of this hold is in flight: a renewal that finds the hold gone
+        #: then raced the release, and says nothing about a lost lease
+        self.releasing = False
+        #: the primitive objects to tell when the hold is found lost, through ``notify``
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.notify = notify
+        #: the primitive that made the hold knows its script and keys
+        self.renew = renew
+        self.end = end
+        #: what must stay alive while the hold does (the user's client, for a session that
+        #: talks through it)
+        self.pin: Any = None
+        #: the primitive's meter (``_metrics``): renewals and a lost lease count there
+        self.meter = meter
+        #: for a grant (a lock, a permit; not a waiter's lease): when it was sent, until its
+        #: hold time is recorded (then 0.0)
+        self.granted_at = sent_at if grant else 0.0
+        #: an asyncio release of this hold still in flight (``_flow.Started``), which a
+        #: re-entry by the same task waits for
+        self.pending: Any = None
+        #: (k, timeout ms) for a hold of a primitive made with ``min_replicas``: a renewal
+        #: counts (advances ``expires_at``) only once k replicas acknowledged it; None: 0
+        self.acks = acks
+
+
+class Watchdog:
+    """The registry of a session's holds and the thread that renews the watchdog ones.
+
+    ``executor`` is called for the executor to renew through (its ``renewal_batch``);
+    ``on_lost(hold, cause)`` reports a hold found lost (the session tells the primitives).
+    """
+
+    def __init__(self, executor: Callable[[], Any], tag: str,
+                 on_lost: Callable[[Hold, str], None]) -> None:
+        self._executor = executor
+        self._tag = tag
+        self._on_lost = on_lost
+        self.mutex = threading.Lock()
+        self.holds: Dict[Tuple[str, str], Hold] = {}
+        self._thread: Optional[threading.Thread] = None
+        self._kick = threading.Event()
+        #: clean-up round trips that must not delay the caller (see ``defer``)
+        self._deferred: Deque[Callable[[], object]] = collections.deque()
+        #: tasks for later: a heap of (when, sequence, task), on time.monotonic()'s clock
+        self._timed: List[Tuple[float, int, Callable[[], object]]] = []
+        self._timed_seq = 0
+        self._abandoned: Deque[Hold] = collections.deque()  # see ``abandon``
+        self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
+        self.closed = False
+
+    # --- the registry -------------------------------------------------------------------------
+
+    def add(self, hold: Hold) -> None:
+        with self.mutex:
+            self.holds[(hold.key, hold.owner)] = hold
+            if hold.watchdog:
+                self._ensure_locked()
+
+    def drop(self, hold: Hold) -> bool:
+        """Forget ``hold``; return True when no hold is left."""
+        with self.mutex:
+            if self.holds.get((hold.key, hold.owner)) is hold:
+                del self.holds[(hold.key, hold.owner)]
+            return not self.holds
+
+    def watch(self, hold: Hold) -> None:
+        """Turn an existing hold over to the watchdog (a re-entry asked for lease=None)."""
+        with self.mutex:
+            hold.watchdog = True
+            self._ensure_locked()
+
+    def abandon(self, hold: Hold) -> None:
+        """The only object that could release ``hold`` was garbage collected: give the hold
+        back (a watchdog hold) or forget it (a leased one ends by itself). Runs wherever the
+        collector runs, so it takes no lock: the watchdog thread does the round trip."""
+        if hold.watchdog and hold.end is not None:
+            self._abandoned.append(hold)
+            self._kick.set()
+        elif self.holds.get((hold.key, hold.owner)) is hold:
+            # one atomic dict operation; every reader of ``holds`` iterates a snapshot
+            self.holds.pop((hold.key, hold.owner), None)
+
+    def registered(self, hold: Hold) -> bool:
+        """True while ``hold`` is still registered (not released meanwhile)."""
+        with self.mutex:
+            return self.holds.get((hold.key, hold.owner)) is hold
+
+    def defer(self, task: Callable[[], object]) -> None:
+        """Run ``task`` soon in the watchdog thread, not in the caller's. Tasks must catch their
+        own Redis errors; what is left undone when the session closes expires with its key."""
+        with self.mutex:
+            self._deferred.append(task)
+            self._ensure_locked()
+
+    def defer_at(self, when: float, task: Callable[[], object]) -> None:
+        """Run ``task`` in the watchdog thread at ``when`` (time.monotonic()), or soon after.
+        The thread is woken only when ``task`` is due before everything it already waits for."""
+        with self.mutex:
+            self._timed_seq += 1
+            first = not self._timed or when < self._timed[0][0]
+            heapq.heappush(self._timed, (when, self._timed_seq, task))
+            if first:
+                self._kick.set()
+                self._ensure_locked()
+
+    def run_timed_now(self) -> None:
+        """Run every task deferred to later, now, in the caller's thread (interpreter exit:
+        the next waiter is woken before the process goes)."""
+        with self.mutex:
+            tasks = [task for _, _, task in sorted(self._timed, key=lambda t: t[:2])]
+            self._timed.clear()
+        for task in tasks:
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - exiting: what fails is covered by bounded sleeps
+                log.debug("distlock: deferred task failed at exit", exc_info=True)
+
+    @property
+    def running(self) -> bool:
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def _ensure_locked(self) -> None:
+        """Start the thread, or wake it when it is sleeping out its idle time (which may be
+        longer than a new hold's lease)."""
+        if self._idle:
+            self._kick.set()
+        if self._thread is None and not self.closed:
+            self._thread = threading.Thread(
+                target=self._loop, name=f"distlock-watchdog-{self._tag}", daemon=True)
+            self._thread.start()
+
+    def _idle_locked(self) -> bool:
+        # a snapshot: ``abandon`` may drop a hold from any thread without the mutex
+        return not self._deferred and not self._abandoned and not self._timed and not any(
+            h.watchdog and not h.lost for h in list(self.holds.values()))
+
+    # --- the thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        me = threading.current_thread()
+        try:
+            self._run()
+        finally:
+            # However the thread ends, the next hold starts a new one.
+            with self.mutex:
+                if self._thread is me:
+                    self._thread = None
+                    if not self.closed and not self._idle_locked():
+                        self._ensure_locked()
+            self._drop_renewer()
+
+    def _run(self) -> None:
+        last_round = time.monotonic()
+        retry_after: Optional[float] = None
+        idle_since: Optional[float] = None
+        while not self.closed:
+            # Every step is inside the ``try``: nothing may stop the watchdog.
+            try:
+                # Read the interval afresh each time: configure() may have shortened it (and
+                # the lease with it) since the last round.
+                interval = retry_after if retry_after is not None else settings().renew_interval
+                renew_at = last_round + interval
+                now = time.monotonic()
+                with self.mutex:
+                    if self._idle_locked():
+                        idle_since = now if idle_since is None else idle_since
+                        if now - idle_since >= IDLE_EXIT:
+                            self._thread = None
+                            return
+                    else:
+                        idle_since = None
+                    self._idle = idle_since is not None
+                # Look again at least every TICK, so that the thread notices its last hold is
+                # gone without the release having to wake it (that would cost every release a
+                # thread switch).
+                wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
+                timed = self._timed
+                if timed:
+                    wait = min(wait, timed[0][0] - now)
+                self._kick.wait(max(0.0, wait))
+                self._kick.clear()
+                if self.closed:
+                    return
+                self._run_deferred()
+                if time.monotonic() < renew_at:
+                    continue  # woken for deferred work, or to check for idleness
+                retry_after = self.renew_all()
+            except BaseException:  # noqa: BLE001 - nothing may stop the watchdog
+                log.exception("distlock: watchdog error; retrying")
+                retry_after = min(1.0, settings().renew_interval)
+                time.sleep(min(TICK, retry_after))  # never a hot loop
+            last_round = time.monotonic()
+
+    def _give_back(self, holds: Iterable[Hold], why: str) -> None:
+        for hold in holds:
+            if hold.lost or not self.registered(hold):
+                continue
+            log.warning("distlock: %s held %s; giving it back", why, hold.key)
+            try:
+                hold.end(hold)  # type: ignore[misc]
+            except Exception as exc:  # noqa: BLE001 - it then ends with its lease
+                log.warning("distlock: could not give back %s: %r", hold.key, exc)
+            self.drop(hold)
+
+    def _run_deferred(self) -> None:
+        abandoned = []
+        while self._abandoned:
+            abandoned.append(self._abandoned.popleft())
+        self._give_back(abandoned, "a lock object was garbage collected while it")
+        now = time.monotonic()
+        while True:
+            try:
+                task = self._deferred.popleft()
+            except IndexError:
+                with self.mutex:
+                    if not self._timed or self._timed[0][0] > now:
+                        return
+                    task = heapq.heappop(self._timed)[2]
+            try:
+                task()
+            except Exception:  # noqa: BLE001 - a clean-up must not kill the watchdog
+                log.debug("distlock: deferred clean-up failed", exc_info=True)
+
+    def renew_all(self) -> Optional[float]:
+        """Renew every live watchdog hold in one pipelined round trip.
+
+        Return None when all went through, or a short delay before the next try after a
+        failure of any kind. A hold that cannot be renewed before its lease runs out is marked
+        lost: a renewal that fails is never silent.
+        """
+        with self.mutex:
+            holds = [h for h in list(self.holds.values()) if h.watchdog and not h.lost]
+        if not holds:
+            return None
+        lease_ms = max(1, int(settings().lease * 1000))
+        retry = min(1.0, settings().renew_interval)
+        sent_at = time.monotonic()
+        failed = False
+        try:
+            executor = self._executor()
+            batch = executor.renewal_batch()
+            # Holds made with min_replicas: one WAIT ends the round trip, on its connection
+            wait = batch_wait((hold.acks for hold in holds), settings().renew_interval)
+            if wait is not None:
+                batch.wait(*wait)
+            queued = []
+            for hold in holds:
+                try:
+                    hold.renew(batch, hold, lease_ms)
+                    queued.append(hold)
+                except Exception as exc:  # noqa: BLE001 - one primitive's bug is not everyone's loss
+                    log.exception("distlock: watchdog could not queue the renewal of %s", hold.key)
+                    failed = True
+                    self._expire([hold], exc)
+            holds = queued
+            replies = batch.execute(raise_on_error=False) if holds else []
+        except Exception as exc:  # noqa: BLE001 - any failure: retry, and report what ran out
+            log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
+            failures: Dict[Any, List[int]] = {}
+            for hold in holds:
+                failures.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])[1] += 1
+            _record_renewals(failures, None)
+            self._expire(holds, exc)
+            return retry
+        rtt = time.monotonic() - sent_at
+        tally: Dict[Any, List[int]] = {}  # per series: [renewed, failed]
+        acked = batch.acked if wait is not None else None
+        unacked: List[Hold] = []
+        for i, (hold, reply) in enumerate(zip(holds, replies)):
+            counts = tally.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])
+            if isinstance(reply, Exception):
+                log.warning("distlock: watchdog renewal of %s failed: %r", hold.key, reply)
+                failed = True
+                counts[1] += 1
+                self._expire([hold])
+                continue
+            outcome = renewal(reply)
+            if outcome is RENEWED and not renewal_counts(hold.acks, None if acked is None else acked[i]):
+                # Too few replicas acknowledged it: it does not count. The hold keeps its last
+                # acknowledged deadline, and is lost once that passes (looked at again soon).
+                failed = True
+                counts[1] += 1
+                unacked.append(hold)
+            elif outcome is RENEWED:
+                counts[0] += 1
+                hold.lease_ms = lease_ms
+                hold.expires_at = sent_at + lease_ms / 1000.0 - executor.margin(lease_ms)
+            elif outcome is ENDED:
+                self.drop(hold)  # ended without a loss (a permit released on our behalf)
+            else:
+                counts[1] += 1
+                if not hold.releasing and self.registered(hold):
+                    self._on_lost(hold, "a renewal found it gone or someone else's")
+        _record_renewals(tally, rtt)
+        if unacked:
+            self._expire(unacked, cause="too few replicas acknowledged its renewals before its "
+                                        "last acknowledged lease ran out")
+            self._give_back_lost(unacked)
+        return retry if failed else None
+
+    def _give_back_lost(self, holds: List[Hold]) -> None:
+        """Holds just reported lost while Redis still has them (their renewals went through on
+        the master, unacknowledged): give them back, as their owners are told they hold
+        nothing. Each ``end`` checks the hold is still ours; what fails ends with its lease."""
+        for hold in holds:
+            if not hold.lost or hold.end is None or hold.releasing or not self.registered(hold):
+                continue
+            try:
+                hold.end(hold)
+            except Exception as exc:  # noqa: BLE001 - it then ends with its lease
+                log.warning("distlock: could not give back %s: %r", hold.key, exc)
+
+    def _expire(self, holds: List[Hold], error: Any = None,
+                cause: str = "its lease ran out unrenewed") -> None:
+        """Report lost every hold of ``holds`` whose lease has run out unrenewed."""
+        now = time.monotonic()
+        for hold in holds:
+            if now >= hold.expires_at:
+                self._on_lost(hold, cause if error is None else f"{cause} ({error!r})")
+
+    def _drop_renewer(self) -> None:
+        try:
+            self._executor().drop_renewal()
+        except Exception:  # noqa: BLE001 - the session is gone: so is its connection
+            pass
+
+    def close(self, join: bool) -> None:
+        self.closed = True
+        self._kick.set()
+        thread = self._thread
+        if join and thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=3.0)
+        self._drop_renewer()
+
+
+def _record_renewals(tally: Dict[Any, List[int]], rtt: Optional[float]) -> None:
+    """One watchdog round's renewals, into each primitive's series (see ``_metrics``)."""
+    for series, (ok, failed) in tally.items():
+        if series is not None:
+            renewed(series, ok, failed, rtt)
