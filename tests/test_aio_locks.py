@@ -22,7 +22,7 @@ from _aio import keys, run_in_loop
 import distlock
 import distlock.asyncio as aio
 from distlock import LockLostError, LockNotOwnedError
-from distlock._redis.aport import live_ports
+from distlock._session.ports import live_ports
 
 pytestmark = pytest.mark.real_redis
 

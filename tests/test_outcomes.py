@@ -12,8 +12,8 @@ from typing import Any, List, Optional, Tuple
 
 import pytest
 
-from distlock._core import replies as sl
 from distlock._core import outcomes as oc
+from distlock._core import replies as sl
 from distlock._core.deadlines import Deadline
 from distlock._core.wait_policy import FIRST, HINTED, LAST, WAIT, Sleep, Try, policy
 

@@ -228,7 +228,7 @@ def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
                     assert await sem.acquire(timeout=0.5)
                     assert not await sem.acquire(timeout=0.1)
                     await sem.release()
-            from distlock._redis.aport import port_for
+            from distlock._session.ports import port_for
 
             twin = port_for(aclient).twin
             assert isinstance(twin.connection_pool, redis.sentinel.SentinelConnectionPool)

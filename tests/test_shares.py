@@ -20,10 +20,10 @@ from _support import until
 
 import distlock
 import distlock.asyncio as adistlock
+from distlock._core.settings import reset_settings
 from distlock._core.shares import COMEBACK, NUDGE_AFTER, TURNS, Runs, quantum
 from distlock._primitives.lock import session_of
 from distlock._redis.pubsub import wake_count, yield_turns
-from distlock._core.settings import reset_settings
 
 
 def keys(name: str) -> Dict[str, str]:

@@ -45,7 +45,7 @@ import redis
 from redis.exceptions import AskError, ClusterDownError, RedisClusterException, TryAgainError
 
 from .._core.settings import settings
-from .._redis.executor_cluster import is_cluster
+from .._redis import is_cluster
 from .inspect import (
     BARRIER,
     COND,

@@ -95,11 +95,12 @@ def refuse_options(kind: str, min_replicas: object, replica_timeout: object) -> 
                 "acknowledge (a condition waits on its lock's: give the lock min_replicas)")
 
 
-def refuse_quorum(client: object, min_replicas: Optional[int]) -> None:
+def refuse_quorum(quorum: bool, min_replicas: Optional[int]) -> None:
     """TypeError for ``min_replicas`` with a Redlock quorum (a list of independent masters):
     the masters have no replicas to wait for; the quorum is its own answer to a master's
-    loss. (The Redlock constructors call this with their list; see docs/guides/replicas.rst.)"""
-    if min_replicas and isinstance(client, (list, tuple)):
+    loss. ``quorum``: the primitive's client is one (``distlock._redis.topology``); see
+    docs/guides/replicas.rst."""
+    if min_replicas and quorum:
         raise TypeError("min_replicas does not apply to a Redlock quorum (a list of masters): "
                         "use one or the other")
 

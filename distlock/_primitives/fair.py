@@ -29,6 +29,7 @@ from .._core.outcomes import lock_acquire as decode_acquire
 from .._core.replies import handoff_grant
 from .._core.settings import settings
 from .._core.wait_policy import LAST
+from .._redis import QUORUM, topology
 from .._session.session import Hold, Session
 from .engine import Waiting
 
@@ -50,7 +51,7 @@ def refuse_fair_quorum(client: object, fair: object) -> None:
     """TypeError for ``fair=True`` with a Redlock quorum (a list of independent masters): each
     master would keep a line of its own, and a hand-off by one master is no grant of the
     quorum's."""
-    if fair is True and isinstance(client, (list, tuple)):
+    if fair is True and topology(client) == QUORUM:
         raise TypeError("fair does not apply to a Redlock quorum (a list of masters): "
                         "use one or the other")
 

@@ -35,6 +35,7 @@ from .._core.replicas import Acks, acks_for, check_options, give_back_unacked, r
 from .._core.settings import settings
 from .._core.shares import KEEP, NUDGE_AFTER, YIELD, quantum
 from .._core.wait_policy import HINTED, LAST, WAIT
+from .._redis import QUORUM, topology
 from .._redis.clients import ClientArg, check_client
 from .._redis.executor import Batch
 from .._session.session import Hold, Session, SessionUser, Waiter, add_lost_callback, fire_lost
@@ -83,7 +84,7 @@ class _LockBase(SessionUser):
                  fair: bool = False) -> None:
         self._name = check_name(name)
         self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
-        refuse_quorum(client, self._min_replicas)
+        refuse_quorum(topology(client) == QUORUM, self._min_replicas)
         if client is not None:
             check_client(client, type(self).__name__)
         self._client_arg = client
@@ -98,7 +99,7 @@ class _LockBase(SessionUser):
         self._fair_keys = FairKeys(self._keys)
         #: the yield rule applies (``_shares``): a default lock on one server or a cluster (a
         #: Redlock quorum's masters could keep the lock for different processes)
-        self._shares = not self._fair and not isinstance(client, (list, tuple))
+        self._shares = not self._fair and topology(client) != QUORUM
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
                               self._fair_keys.deadlines)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
@@ -191,7 +192,7 @@ class _LockBase(SessionUser):
         and always for a Redlock quorum, whose masters have no replicas to wait for: there a
         ``configure(min_replicas=...)`` default does not apply (given to the constructor, the
         option is a TypeError: ``refuse_quorum``)."""
-        if isinstance(self._client_arg, (list, tuple)):
+        if topology(self._client_arg) == QUORUM:
             return None
         return acks_for(self._min_replicas, self._replica_timeout, settings())
 

@@ -3,8 +3,9 @@
 One ``AsyncPort`` per ``redis.asyncio`` client and event loop (a client's connections belong
 to the loop that opened them). It has:
 
-- ``core``: the blocking ``Session`` of the same server (``_session.session_for`` of a sync
-  twin of the client, made from its connection settings). Holds live there, with their ids,
+- ``session``: the blocking ``Session`` of the same server (``_session.session_for`` of a sync
+  twin of the client, made from its connection settings, handed in by ``_session.ports``,
+  which keeps the ports). Holds live there, with their ids,
   and its watchdog *thread* renews them: renewals go on while user code blocks the event loop
   (a CPU-bound handler, a blocking call), which a renewal task in the loop could not promise.
   A hold that could not be renewed is reported lost from that thread; an asyncio primitive
@@ -17,9 +18,9 @@ to the loop that opened them). It has:
 - an ``AsyncDispatcher``: one pub/sub connection and one reader task for every waiting task of
   the loop.
 
-Nothing here outlives its client or its loop: ports are kept in weak maps, the reader task
-exits when idle, and the twin (and with it the session's claim on the server) goes with the
-port.
+Nothing here outlives its client or its loop: ports are kept in weak maps
+(``_session.ports``), the reader task exits when idle, and the twin (and with it the session's
+claim on the server) goes with the port.
 """
 
 from __future__ import annotations
@@ -29,19 +30,18 @@ import collections
 import inspect
 import time
 import weakref
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import redis
 from redis.asyncio import connection as aconnection
 from redis.asyncio import sentinel as asentinel
 
-from .._session.session import Session, session_for
 from .apubsub import AsyncDispatcher
 from .clients import DEFAULT_IO_TIMEOUT
 from .executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located, packer, taker
 from .pubsub import Waiter
 
-__all__ = ["AsyncPort", "port_for", "live_ports", "sync_twin", "aread_pair"]
+__all__ = ["AsyncPort", "sync_twin", "aread_pair"]
 
 #: ``asyncio.timeout`` (Python 3.11+)
 _timeout: Any = getattr(asyncio, "timeout", None)
@@ -126,11 +126,14 @@ def _parameters(kind: type) -> set:  # type: ignore[type-arg]
 class AsyncPort:
     """The ops of a flow, as coroutines, for one asyncio client in one loop."""
 
-    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, client: Any, loop: asyncio.AbstractEventLoop,
+                 session_for: Callable[[Any], Any]) -> None:
+        """``session_for``: the blocking session of a client (``_session.session_for``),
+        asked once, for the port's blocking twin of ``client``."""
         self.loop_ref = weakref.ref(loop)
         self.twin = self._make_twin(client)
-        self.core: Session = session_for(self.twin)
-        self.id = self.core.id
+        self.session: Any = session_for(self.twin)
+        self.id = self.session.id
         #: reads in flight (connection -> when it began, monotonic) and whether the overdue
         #: check is scheduled (see ``_exchange``)
         self._inflight: Dict[Any, float] = {}
@@ -144,7 +147,7 @@ class AsyncPort:
         #: ... for a connection: the same (redis-py bounds a connect by ``socket_timeout``
         #: when there is no ``socket_connect_timeout``)
         self._connect_bound = self._io_bound
-        self._scripts = self.core.executor.scripts
+        self._scripts = self.session.executor.scripts
         #: run slots (see ``run``): how many are free, and the tasks waiting for one
         self._free = SCRIPT_CONCURRENCY
         self._gate_waiters: Deque[asyncio.Future[None]] = collections.deque()
@@ -393,7 +396,7 @@ class AsyncPort:
 
     @property
     def live(self) -> bool:
-        return not self.core.closed
+        return not self.session.closed
 
 
 async def aread_pair(conn: Any) -> Tuple[Any, Any]:
@@ -423,41 +426,3 @@ def _cool(ref: weakref.ref[AsyncPort]) -> None:
     port = ref()
     if port is not None:
         port._cool()
-
-
-#: ports per asyncio client; each client's list holds one port per loop it was used in
-_ports: weakref.WeakKeyDictionary[Any, List[AsyncPort]] = weakref.WeakKeyDictionary()
-
-
-def port_for(client: Any) -> AsyncPort:
-    """The port of ``client`` in the running loop (made on first need)."""
-    loop = asyncio.get_running_loop()
-    ports = _ports.get(client)
-    if ports is None:
-        ports = _ports[client] = []
-    for port in ports:
-        if port.loop_ref() is loop and port.live:
-            return port
-    ports[:] = [p for p in ports if p.loop_ref() is not None and not p.loop_ref().is_closed() and p.live]  # type: ignore[union-attr]
-    made: AsyncPort = _port_class(client)(client, loop)
-    ports.append(made)
-    return made
-
-
-def _port_class(client: Any) -> Any:
-    import redis.asyncio as aredis
-
-    if isinstance(client, aredis.RedisCluster):
-        from .aport_cluster import AsyncClusterPort
-        return AsyncClusterPort
-    from .._core.quorum import Quorum
-    if isinstance(client, Quorum):
-        from .aport_quorum import AsyncQuorumPort
-        return AsyncQuorumPort
-    return AsyncPort
-
-
-def live_ports() -> Dict[int, List[AsyncPort]]:
-    """For tests: the ports alive, per client id."""
-    return {id(client): list(ports) for client, ports in list(_ports.items())}
-

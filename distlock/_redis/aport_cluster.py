@@ -55,7 +55,7 @@ class AsyncClusterPort(AsyncPort):
         return client.get_connection_kwargs()  # type: ignore[no-any-return]
 
     def _attach(self, client: Any) -> None:
-        executor: Any = self.core.executor
+        executor: Any = self.session.executor
         self.sharded = executor.sharded
         self.slot_of = executor.slot_of
         self._pack = packer(client.encoder)

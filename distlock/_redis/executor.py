@@ -50,7 +50,7 @@ from .._core.settings import settings
 from .clients import renewer
 from .scripts import locate, script_names, script_source
 
-__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "executor_for", "sender", "packer",
+__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "sender", "packer",
            "taker", "located", "disconnect_quietly", "pair_sender", "read_pair", "demoted"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
@@ -59,21 +59,6 @@ SCRIPT_CONCURRENCY = 4
 
 #: How many times ``run`` loads a script again after NOSCRIPT before it gives up.
 NOSCRIPT_TRIES = 3
-
-
-def executor_for(client: Any, real: Any = None) -> Executor:
-    """The executor for ``client`` (perhaps a weak proxy of the user's client ``real``).
-
-    A ``redis.RedisCluster`` gets the Cluster executor; any other client (a plain client, a
-    Sentinel client: its pool follows the master) is a standalone one. Topologies are told
-    apart here, and nowhere else."""
-    from .executor_cluster import ClusterExecutor, is_cluster
-    from .executor_quorum import QuorumExecutor, is_quorum
-    if is_cluster(client if real is None else real):
-        return ClusterExecutor(client, real)
-    if is_quorum(client if real is None else real):
-        return QuorumExecutor(client, real)
-    return Executor(client, real)
 
 
 class Executor:

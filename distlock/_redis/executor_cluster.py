@@ -43,7 +43,7 @@ from .clients import renewer
 from .executor import Batch, Executor, disconnect_quietly, located, packer, read_pair, taker
 from .scripts import script_names, script_source
 
-__all__ = ["ClusterExecutor", "ClusterBatch", "REDIRECTS", "REDIRECT_BOUND", "is_cluster"]
+__all__ = ["ClusterExecutor", "ClusterBatch", "REDIRECTS", "REDIRECT_BOUND"]
 
 #: How many times one script is sent again after a redirection or a node it could not reach.
 REDIRECTS = 16
@@ -61,12 +61,6 @@ _BACK_REFERENCES = ("redis_connect_func", "oss_cluster_maint_notifications_handl
 
 #: How many rounds one batch makes at most: the first, then those of entries redirected.
 _BATCH_ROUNDS = 4
-
-
-def is_cluster(client: Any) -> bool:
-    """True for a ``redis.RedisCluster`` (the blocking one)."""
-    cluster = getattr(redis, "RedisCluster", None)
-    return cluster is not None and isinstance(client, cluster)
 
 
 class _NotSent(Exception):

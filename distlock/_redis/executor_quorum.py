@@ -1,6 +1,6 @@
 """The Redlock executor: a lock on a quorum of independent masters (``client=[c1, ..., cN]``).
 
-Picked by ``_executor.executor_for`` for a ``_quorum.Quorum`` (what a list of masters given to
+Picked by ``distlock._redis.executor_for`` for a ``_quorum.Quorum`` (what a list of masters given to
 DistLock or DistRLock becomes). Behind the executor's methods the lock's flows are unchanged:
 they run ``lock_acquire``, ``lock_release`` and ``lock_unwait`` and renew with ``lock_renew``,
 as on one server, and this executor sends each to every master *at once* and folds the
@@ -64,7 +64,7 @@ from .clients import renewer
 from .executor import NOSCRIPT_TRIES, Batch, Executor, disconnect_quietly, packer, taker
 from .pubsub import Board, Dispatcher, Waiter
 
-__all__ = ["QuorumExecutor", "QuorumBatch", "QuorumDispatcher", "is_quorum"]
+__all__ = ["QuorumExecutor", "QuorumBatch", "QuorumDispatcher"]
 
 #: How long (seconds) a master that could not be reached (no connection) is left out of the
 #: fan-outs before it is tried again: a host that is down costs one connect timeout per pause,
@@ -78,11 +78,6 @@ T = TypeVar("T")
 
 #: A plan (see ``QuorumExecutor.plan``): yields (jobs, deadline, undo), is sent fanout's result.
 Plan = Generator[Tuple[Dict[int, List[Entry]], float, Optional[Entry]], Dict[int, Any], T]
-
-
-def is_quorum(client: Any) -> bool:
-    from .._core.quorum import Quorum
-    return isinstance(client, Quorum)
 
 
 class _Master:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, Optional
 import redis
 
 from .._core.settings import Settings, changed, install
+from .._redis import QUORUM, topology
 from .._redis.clients import ClientArg, check_client, is_async_client
 from .._redis.urls import _client_for_url, async_client_from_url
 
@@ -85,7 +86,7 @@ def resolve_client(client: ClientArg) -> redis.Redis:
         return resolved
     if isinstance(client, str):
         return _client_for_url(client)  # type: ignore[no-any-return]
-    if isinstance(client, (list, tuple)):
+    if topology(client) == QUORUM:
         from .._core.quorum import made
         return made([resolve_client(c) for c in client])  # type: ignore[return-value]
     return client  # type: ignore[return-value]
@@ -113,7 +114,7 @@ def resolve_async_client(client: Any) -> Any:
                 "blocking classes: give distlock.asyncio a client (client=redis.asyncio.Redis(...)), "
                 "or call configure() with a redis.asyncio.Redis or a URL")
         client = chosen
-    if isinstance(client, (list, tuple)):
+    if topology(client) == QUORUM:
         from .._core.quorum import made as quorum_of
         return quorum_of([resolve_async_client(c) for c in client])
     if not isinstance(client, str):

@@ -46,8 +46,8 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Ty
 from .._core.flow import Flow, drive
 from .._core.settings import settings
 from .._core.shares import Runs
+from .._redis import executor_for
 from .._redis.clients import ClientArg, server_key, session_client, shareable
-from .._redis.executor import executor_for
 from .._redis.pubsub import Dispatcher, Waiter, wake_count, wake_idents
 from .config import resolve_client
 from .metrics import Meter

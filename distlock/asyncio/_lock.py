@@ -36,7 +36,7 @@ class _AsyncLock(AsyncShell, _lock._LockBase):
         blocking_, timeout_ = check_acquire_args(blocking, timeout)
         port = self._port()
         if self._reentrant == "1":
-            await _settled(self._current(port.core))
+            await _settled(self._current(port.session))
         return await adrive(self._acquire(blocking_, timeout_, _lock._UNSET, 1), port)
 
     async def try_lock(self, timeout: Optional[float] = 0.0, lease: Optional[float] = None) -> bool:  # type: ignore[override]

@@ -8,7 +8,7 @@ checks and the bookkeeping, and only replaces the public methods:
   round trip (a misuse raises there), then go on in a task: ``Started``;
 - queries (``locked``, ``is_set``...) return a ``Query``, which is not a truth value.
 
-Holds belong to the server's blocking session (``AsyncPort.core``), whose watchdog thread
+Holds belong to the server's blocking session (``AsyncPort.session``), whose watchdog thread
 renews them; ``on_lost`` callbacks run in the primitive's loop.
 """
 
@@ -24,9 +24,11 @@ from typing import Any, Callable, Optional
 from .._core.flow import Flow, Query, Started, adrive, start
 from .._core.replicas import refuse_quorum
 from .._primitives.fair import refuse_fair_quorum
-from .._redis.aport import AsyncPort, port_for
+from .._redis import QUORUM, topology
+from .._redis.aport import AsyncPort
 from .._redis.clients import check_async_client
 from .._session.config import resolve_async_client
+from .._session.ports import port_for
 from .._session.session import Session
 
 __all__ = ["AsyncShell", "task_ident"]
@@ -45,7 +47,7 @@ class AsyncShell:
 
     def __init__(self, *args: Any, client: Any = None, **kwargs: Any) -> None:
         if client is not None:
-            refuse_quorum(client, kwargs.get("min_replicas"))
+            refuse_quorum(topology(client) == QUORUM, kwargs.get("min_replicas"))
             refuse_fair_quorum(client, kwargs.get("fair"))
             check_async_client(client, type(self).__name__)
         super().__init__(*args, client=None, **kwargs)  # type: ignore[call-arg]
@@ -70,7 +72,7 @@ class AsyncShell:
 
     def _peek_session(self) -> Optional[Session]:
         port = self._aport
-        return port.core if port is not None and port.live else None
+        return port.session if port is not None and port.live else None
 
     async def _adrive(self, flow: Flow[Any]) -> Any:
         return await adrive(flow, self._port())
