@@ -1,21 +1,24 @@
 """Flows: every operation of every primitive, written once, for both shells.
 
 A primitive's operation (an acquire, a release, a wait) is a *flow*: a generator that does its
-bookkeeping itself and *yields* each piece of I/O as an op, a tuple ``(verb, *args)``, then is
-*sent* the reply (or *thrown* the error). The verbs are the methods of a *port*:
+bookkeeping itself and *yields* each piece of I/O as an op, then is *sent* the reply (or
+*thrown* the error). An op is one of the small classes below, and each names the method of a
+*port* that does it (``Run.to`` calls ``port.run``), so a reader, a type checker and "go to
+definition" can follow a flow's I/O from ``acquire`` to the executor that sends it:
 
-- ``run(name, keys, args)``: one script, a state change (``_executor``: never sent twice);
-- ``read(*command)``: one command that is safe to repeat;
-- ``join(channel, bound, ident)``, ``sleep(waiter, head_bound, limit)``,
-  ``leave(waiter, acquired)``: waiting on a pub/sub channel (``_pubsub``);
-- ``slot(enter)``: take (True) or give back (False) one of the slots through which a crowd of
+- ``Run(name, keys, args)``: one script, a state change (``Port.run``: never sent twice);
+- ``Read(*command)``: one command that is safe to repeat;
+- ``Join(channel, bound, ident)``, ``Sleep(waiter, head_bound, limit)``,
+  ``Leave(waiter, acquired)``: waiting on a pub/sub channel;
+- ``Slot(enter)``: take (True) or give back (False) one of the slots through which a crowd of
   woken waiters takes turns.
 
-A port for threads (``_session.Session``) does each op with blocking I/O, and ``drive`` runs a
-flow on it; a port for asyncio (``_asession.AsyncPort``) has coroutines of the same names, and
-``adrive`` runs the same flow on it. So the wait policy, the scripts, the keys and the decoding
-of replies have one copy, and a shell is only the public methods that hand a flow to its
-driver (see docs/how-it-works.rst, "Two shells, one engine").
+``Port`` is what a flow may ask of its driver, as a ``Protocol``: a port for threads
+(``_session.session.Session``) does each op with blocking I/O, and ``drive`` runs a flow on
+it; a port for asyncio (``_redis.aport.AsyncPort``, ``APort`` here) has coroutines of the same
+names, and ``adrive`` runs the same flow on it. So the wait policy, the scripts, the keys and
+the decoding of replies have one copy, and a shell is only the public methods that hand a flow
+to its driver (see docs/how-it-works.rst, "Two shells, one engine").
 
 A driver never abandons a flow: every exception of an op, a cancellation included, is thrown
 into it, so its ``except`` and ``finally`` clauses (which may yield more ops: leaving a queue,
@@ -25,26 +28,168 @@ giving a lost grant back) run in both shells.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional, Protocol, Tuple, TypeVar, Union
 
-__all__ = ["Flow", "drive", "adrive", "start", "Started", "RUN", "READ", "JOIN", "SLEEP", "LEAVE",
-           "SLOT"]
+__all__ = ["Flow", "Port", "APort", "Op", "Run", "Read", "Join", "Sleep", "Leave", "Slot",
+           "drive", "adrive", "start", "Started", "Query"]
 
 T = TypeVar("T")
 
+
+class Port(Protocol):
+    """What a flow may ask of its driver, for threads: each op is one blocking call."""
+
+    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+            acks: Optional[Tuple[int, int]] = None) -> Any:
+        """Script ``name``, a state change, sent once; with ``acks``: (reply, acknowledged)."""
+
+    def read(self, *command: Any) -> Any:
+        """One command that is safe to repeat."""
+
+    def join(self, channel: str, bound: Optional[float], ident: Optional[str] = None) -> Any:
+        """Start waiting on ``channel``; the waiter that ``sleep`` and ``leave`` take."""
+
+    def sleep(self, waiter: Any, head_bound: float, limit: Optional[float] = None) -> bool:
+        """Sleep until a hint or the bound; True when hinted."""
+
+    def leave(self, waiter: Any, acquired: bool) -> bool:
+        """Stop waiting; True when a hint meant for this waiter must be passed on."""
+
+    def slot(self, enter: bool) -> None:
+        """Take (True) or give back (False) one of the slots of a woken crowd."""
+
+
+class APort(Protocol):
+    """``Port`` for asyncio: the same methods, as coroutines."""
+
+    async def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                  acks: Optional[Tuple[int, int]] = None) -> Any: ...
+
+    async def read(self, *command: Any) -> Any: ...
+
+    async def join(self, channel: str, bound: Optional[float], ident: Optional[str] = None) -> Any: ...
+
+    async def sleep(self, waiter: Any, head_bound: float, limit: Optional[float] = None) -> bool: ...
+
+    async def leave(self, waiter: Any, acquired: bool) -> bool: ...
+
+    async def slot(self, enter: bool) -> None: ...
+
+
+AnyPort = Union[Port, APort]
+
+
+class Op:
+    """One piece of I/O that a flow yields; ``to(port)`` does it on a port (and returns the
+    reply, or the coroutine that answers it on an asyncio port)."""
+
+    __slots__ = ()
+
+    def to(self, port: Any) -> Any:
+        raise NotImplementedError
+
+
+class Run(Op):
+    """Script ``name`` on ``keys`` and ``args``, once (``Port.run``); with ``acks`` (k, ms) a
+    ``WAIT`` behind it, and the reply is (reply, acknowledged)."""
+
+    __slots__ = ("name", "keys", "args", "acks")
+
+    def __init__(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                 acks: Optional[Tuple[int, int]] = None) -> None:
+        self.name = name
+        self.keys = keys
+        self.args = args
+        self.acks = acks
+
+    def to(self, port: AnyPort) -> Any:
+        if self.acks is None:
+            return port.run(self.name, self.keys, self.args)
+        return port.run(self.name, self.keys, self.args, self.acks)
+
+    def __repr__(self) -> str:
+        return f"Run({self.name!r}, {self.keys!r}, {self.args!r})"
+
+
+class Read(Op):
+    """One command that is safe to repeat (``Port.read``)."""
+
+    __slots__ = ("command",)
+
+    def __init__(self, *command: Any) -> None:
+        self.command = command
+
+    def to(self, port: AnyPort) -> Any:
+        return port.read(*self.command)
+
+    def __repr__(self) -> str:
+        return f"Read{self.command!r}"
+
+
+class Join(Op):
+    """Start waiting on ``channel`` (``Port.join``)."""
+
+    __slots__ = ("channel", "bound", "ident")
+
+    def __init__(self, channel: str, bound: Optional[float], ident: Optional[str] = None) -> None:
+        self.channel = channel
+        self.bound = bound
+        self.ident = ident
+
+    def to(self, port: AnyPort) -> Any:
+        return port.join(self.channel, self.bound, self.ident)
+
+
+class Sleep(Op):
+    """Sleep until a hint or the bound (``Port.sleep``)."""
+
+    __slots__ = ("waiter", "head_bound", "limit")
+
+    def __init__(self, waiter: Any, head_bound: float, limit: Optional[float] = None) -> None:
+        self.waiter = waiter
+        self.head_bound = head_bound
+        self.limit = limit
+
+    def to(self, port: AnyPort) -> Any:
+        return port.sleep(self.waiter, self.head_bound, self.limit)
+
+
+class Leave(Op):
+    """Stop waiting (``Port.leave``)."""
+
+    __slots__ = ("waiter", "acquired")
+
+    def __init__(self, waiter: Any, acquired: bool) -> None:
+        self.waiter = waiter
+        self.acquired = acquired
+
+    def to(self, port: AnyPort) -> Any:
+        return port.leave(self.waiter, self.acquired)
+
+
+class Slot(Op):
+    """Take (True) or give back (False) one slot of a woken crowd (``Port.slot``)."""
+
+    __slots__ = ("enter",)
+
+    def __init__(self, enter: bool) -> None:
+        self.enter = enter
+
+    def to(self, port: AnyPort) -> Any:
+        return port.slot(self.enter)
+
+
 #: A flow: yields ops, is sent their replies, returns its result.
-Flow = Generator[tuple, Any, T]  # type: ignore[type-arg]
-
-RUN, READ, JOIN, SLEEP, LEAVE, SLOT = "run", "read", "join", "sleep", "leave", "slot"
+Flow = Generator[Op, Any, T]
 
 
-def drive(flow: Flow[T], port: Any) -> T:
+def drive(flow: Flow[T], port: Port) -> T:
     """Run ``flow`` to its end on a blocking ``port``; return its result or raise its error."""
     try:
         op = next(flow)
         while True:
             try:
-                reply = getattr(port, op[0])(*op[1:])
+                reply = op.to(port)
             except BaseException as exc:  # noqa: BLE001 - the flow decides what it means
                 op = flow.throw(exc)
             else:
@@ -53,7 +198,7 @@ def drive(flow: Flow[T], port: Any) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def adrive(flow: Flow[T], port: Any, op: Optional[tuple] = None) -> T:  # type: ignore[type-arg]
+async def adrive(flow: Flow[T], port: APort, op: Optional[Op] = None) -> T:
     """``drive`` for an asyncio ``port``, whose ops are coroutines. ``op``: the flow's first
     op, when the caller has already stepped it there (see ``start``)."""
     task = asyncio.current_task()
@@ -64,7 +209,7 @@ async def adrive(flow: Flow[T], port: Any, op: Optional[tuple] = None) -> T:  # 
         while True:
             asked = cancelling() if cancelling is not None else 0
             try:
-                reply = await getattr(port, op[0])(*op[1:])
+                reply = await op.to(port)
             except BaseException as exc:  # noqa: BLE001 - a cancellation included: see above
                 op = flow.throw(exc)
             else:
@@ -128,7 +273,7 @@ class Started(Awaitable[T]):
         return self._rest is None and (self._task is None or self._task.done())
 
 
-def start(flow: Flow[T], port: Callable[[], Any], inline: bool = False) -> Started[T]:
+def start(flow: Flow[T], port: Callable[[], APort], inline: bool = False) -> Started[T]:
     """Run ``flow`` at once up to its first op, in the caller (its checks raise here, and its
     bookkeeping is done before this returns), then the rest as ``Started`` says."""
     try:

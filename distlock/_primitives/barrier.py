@@ -26,7 +26,7 @@ import redis
 
 from .._core.checks import check_name, wait_seconds
 from .._core.deadlines import lease_ms
-from .._core.flow import READ, RUN, Flow
+from .._core.flow import Flow, Read, Run
 from .._core.keys import BarrierKeys
 from .._core.outcomes import (
     JOINED,
@@ -230,11 +230,11 @@ class DistBarrier(SessionUser):
                 session.drop_hold(waiting.hold)
 
     def _reset_flow(self) -> Flow[None]:
-        yield (RUN, "bar_reset", self._keys.all, ("r", self._parties, self._keep()))
+        yield Run("bar_reset", self._keys.all, ("r", self._parties, self._keep()))
         self._seen = (False, 0)
 
     def _abort_flow(self) -> Flow[None]:
-        yield (RUN, "bar_reset", self._keys.all, ("a", self._parties, self._keep()))
+        yield Run("bar_reset", self._keys.all, ("a", self._parties, self._keep()))
         self._seen = (True, 0)
 
     # --- the machinery ------------------------------------------------------------------------
@@ -245,16 +245,16 @@ class DistBarrier(SessionUser):
         return broken_keep_ms(cfg.lease, cfg.wait_cap, cfg.queue_cap_factor)
 
     def _arrive(self, wid: str, ms: int, keep: int) -> Flow[Tuple[int, int, int]]:
-        reply = yield (RUN, "bar_wait", self._keys.all,
+        reply = yield Run("bar_wait", self._keys.all,
                        (wid, ms, self._parties, "1" if self._action else "0", keep))
         return int(reply[0]), int(reply[1]), int(reply[2])
 
     def _poll(self, wid: str, gen: int, mode: str, keep: int) -> Flow[int]:
-        return int((yield (RUN, "bar_poll", self._keys.all, (wid, gen, mode, keep))))
+        return int((yield Run("bar_poll", self._keys.all, (wid, gen, mode, keep))))
 
     def _info(self) -> Flow[Tuple[bool, int]]:
         """(broken, waiting), one round trip."""
-        reply = yield (RUN, "bar_info", self._keys.all, (self._keep(),))
+        reply = yield Run("bar_info", self._keys.all, (self._keep(),))
         self._seen = (bool(int(reply[0])), int(reply[1]))
         return self._seen
 
@@ -274,9 +274,9 @@ class DistBarrier(SessionUser):
             action()
         except BaseException:
             self._seen = (True, 0)
-            yield (RUN, "bar_done", self._keys.all, (wid, gen, "0", keep))
+            yield Run("bar_done", self._keys.all, (wid, gen, "0", keep))
             raise
-        if type(barrier_done((yield (RUN, "bar_done", self._keys.all, (wid, gen, "1", keep))))) is Failed:
+        if type(barrier_done((yield Run("bar_done", self._keys.all, (wid, gen, "1", keep))))) is Failed:
             self._seen = (True, 0)
             raise BrokenBarrierError
         self._seen = (False, 0)
@@ -355,7 +355,7 @@ class _BarrierWaiting(Waiting):
         elif self.hold is None and barrier._leave_mode == "l":
             # the arrival's reply never came (cancelled): it may have arrived; leave
             try:
-                yield (READ, "ZREM", barrier._keys.waiters, self.wid)
+                yield Read("ZREM", barrier._keys.waiters, self.wid)
             except redis.RedisError:
                 pass
 

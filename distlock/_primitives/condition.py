@@ -35,7 +35,7 @@ import redis
 from .._core.checks import check_name, check_wait_timeout
 from .._core.deadlines import lease_ms
 from .._core.errors import LockLostError, LockNotOwnedError
-from .._core.flow import READ, RUN, Flow
+from .._core.flow import Flow, Read, Run
 from .._core.keys import CondKeys, Keys
 from .._core.outcomes import Busy, Outcome, cond_leave
 from .._core.replicas import refuse_options
@@ -327,7 +327,7 @@ class DistCondition(SessionUser):
         if count == 0:
             return 0
         keys = self._keys
-        return int((yield (RUN, "cond_notify", (*keys.state, keys.channel), (notify_arg(count),))))
+        return int((yield Run("cond_notify", (*keys.state, keys.channel), (notify_arg(count),))))
 
     # --- the machinery ----------------------------------------------------------------------
 
@@ -350,7 +350,7 @@ class DistCondition(SessionUser):
         if type(self._lock) in self._atomic_types and session_of(self._lock) is session:
             saved = yield from self._release_and_join(session, wid, ms, lost)
         else:
-            yield (RUN, "cond_wait", keys.state, (wid, ms, "", ""))
+            yield Run("cond_wait", keys.state, (wid, ms, "", ""))
             try:
                 saved = yield from self._release_save_flow(session)
             except BaseException:
@@ -380,9 +380,9 @@ class DistCondition(SessionUser):
         except BaseException:
             if hold is not None and lost is not None:
                 try:
-                    held, token = yield (READ, "HMGET", lock._keys.lock, hold.owner, ":t")
+                    held, token = yield Read("HMGET", lock._keys.lock, hold.owner, ":t")
                     if held is not None and token is not None and int(token) == hold.token:
-                        yield (RUN, "lock_release", (lock._keys.lock, lock._keys.queue),
+                        yield Run("lock_release", (lock._keys.lock, lock._keys.queue),
                                (hold.owner, hold.token, 0))
                     yield from self._call_leave(wid, True)
                 except redis.RedisError:
@@ -394,7 +394,7 @@ class DistCondition(SessionUser):
         return _SELF_RELEASED
 
     def _call_leave(self, wid: str, leave: bool) -> Flow[int]:
-        return int((yield (RUN, "cond_leave", self._keys.state, (wid, "1" if leave else "0"))))
+        return int((yield Run("cond_leave", self._keys.state, (wid, "1" if leave else "0"))))
 
 
 class _CondWaiting(Waiting):

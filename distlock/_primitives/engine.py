@@ -14,8 +14,9 @@ from typing import Any, Optional
 
 import redis
 
+from .._core import flow
 from .._core.deadlines import Deadline
-from .._core.flow import JOIN, LEAVE, SLEEP, SLOT, Flow, drive
+from .._core.flow import Flow, Join, Leave, Slot, drive
 from .._core.outcomes import NAMED, TIMED_OUT, Done, Failed, Granted, Outcome
 from .._core.settings import settings
 from .._core.wait_policy import FIRST, HINTED, Sleep, policy
@@ -94,21 +95,21 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
     granted = hinted_grant = False
     outcome: Any = None
     try:
-        waiter = yield (JOIN, waiting.channel, deadline.remaining(), waiting.ident)
+        waiter = yield Join(waiting.channel, deadline.remaining(), waiting.ident)
         step: Any = next(steps)
         while True:
             if type(step) is Sleep:
-                hinted = yield (SLEEP, waiter, step.bound,
-                                step.bound if waiting.strict else step.limit)
+                hinted = yield flow.Sleep(waiter, step.bound,
+                                     step.bound if waiting.strict else step.limit)
                 sent: Any = (hinted, waiter.named)
             elif step.mode == FIRST:
                 sent = yield from waiting.attempt(FIRST, waiter)
             else:
-                yield (SLOT, True)  # a crowd woken at once takes turns
+                yield Slot(True)  # a crowd woken at once takes turns
                 try:
                     sent = yield from waiting.attempt(step.mode, waiter)
                 finally:
-                    yield (SLOT, False)
+                    yield Slot(False)
                 hinted_grant = step.mode == HINTED
             granted = type(sent) is Granted
             try:
@@ -125,7 +126,7 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
         raise
     finally:
         granted = granted or (outcome is NAMED and waiting.named_grants)
-        if waiter is not None and (yield (LEAVE, waiter, granted)) and not granted:
+        if waiter is not None and (yield Leave(waiter, granted)) and not granted:
             yield from waiting.unregister()
         _record(waiting.meter, span, outcome, started, hinted_grant)
     return result(waiting, outcome)

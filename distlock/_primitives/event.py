@@ -20,7 +20,7 @@ import redis
 
 from .._core.checks import check_name, check_wait_timeout
 from .._core.deadlines import entry_ms
-from .._core.flow import READ, RUN, Flow, drive
+from .._core.flow import Flow, Read, Run, drive
 from .._core.keys import EventKeys
 from .._core.outcomes import REJOIN, Busy, Outcome, event_wait
 from .._core.replicas import refuse_options
@@ -119,17 +119,17 @@ class DistEvent(SessionUser):
     # --- the flows: the operations above, for both shells (see ``_flow``) -------------------
 
     def _is_set_flow(self) -> Flow[bool]:
-        flag = bool((yield (READ, "EXISTS", self._keys.flag)))
+        flag = bool((yield Read("EXISTS", self._keys.flag)))
         self._seen = flag
         return flag
 
     def _set_flow(self) -> Flow[None]:
         keys = self._keys
-        yield (RUN, "ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken), ())
+        yield Run("ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken), ())
         self._seen = True
 
     def _clear_flow(self) -> Flow[None]:
-        yield (RUN, "ev_clear", (self._keys.flag,), ())
+        yield Run("ev_clear", (self._keys.flag,), ())
         self._seen = False
 
     def _wait_flow(self, timeout: Optional[float]) -> Flow[bool]:
@@ -147,7 +147,7 @@ class DistEvent(SessionUser):
     def _call(self, wid: str, mode: str, ms: int, known: int) -> Flow[int]:
         keys = self._keys
         args = (wid, mode, ms) if mode == "j" else (wid, mode, ms, known)
-        return int((yield (RUN, "ev_wait", (keys.flag, keys.waiters, keys.taken), args)))
+        return int((yield Run("ev_wait", (keys.flag, keys.waiters, keys.taken), args)))
 
     def _consume(self, session: Session, wid: str, ms: int, known: int) -> None:
         """Take our entry out of the set()'s ``taken`` set, so nothing is left behind. The hint
@@ -197,7 +197,7 @@ class _EventWaiting(Waiting):
             yield from self._event._call(self.wid, "l", self._ms, self._known)
         else:  # its join's reply never came: take the entry it may have made off
             try:
-                yield (READ, "ZREM", self._event._keys.waiters, self.wid)
+                yield Read("ZREM", self._event._keys.waiters, self.wid)
             except redis.RedisError:
                 pass
 

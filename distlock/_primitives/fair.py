@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from .._core.flow import RUN, Flow
+from .._core.flow import Flow, Run
 from .._core.keys import FairKeys
 from .._core.outcomes import RENEWED, Granted, Outcome, renewal
 from .._core.outcomes import lock_acquire as decode_acquire
@@ -83,7 +83,7 @@ def fair_try(lock: _LockBase, session: Session, owner: str, ms: int, count: int,
     args = (owner, ms, s.fence_retention_ms, session.info, nonce, count,
             lock._keys.waiter_channel(session.id), entry_lease_ms(s.wait_cap), mode)
     try:
-        return int((yield (RUN, "fair_acquire", lock._fair_keys.all, args)))
+        return int((yield Run("fair_acquire", lock._fair_keys.all, args)))
     except redis.ResponseError:
         raise  # the script did not run, or failed: nothing was granted
     except BaseException:
@@ -97,13 +97,13 @@ def fair_try(lock: _LockBase, session: Session, owner: str, ms: int, count: int,
 def fair_leave(lock: _LockBase, nonce: str) -> Flow[int]:
     """The wait of ``nonce`` ends without the lock: leave the queue, and pass on a lock that
     was handed to it meanwhile (2), or free it."""
-    return int((yield (RUN, "fair_leave", lock._fair_keys.all,
+    return int((yield Run("fair_leave", lock._fair_keys.all,
                        (nonce, settings().fence_retention_ms))))
 
 
 def fair_release(lock: _LockBase, hold: Hold, count: int) -> Flow[int]:
     """``fair_release``: give back ``count`` levels (0: all); the last hands the lock on."""
-    return int((yield (RUN, "fair_release", lock._fair_keys.all,
+    return int((yield Run("fair_release", lock._fair_keys.all,
                        (hold.owner, hold.token, count, settings().fence_retention_ms))))
 
 

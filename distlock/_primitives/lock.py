@@ -25,7 +25,7 @@ import redis
 from .._core.checks import check_acquire_args, check_lease, check_name, check_try_lock_timeout
 from .._core.deadlines import lease_ms, registry_lease_ms
 from .._core.errors import LockLostError, LockNotOwnedError, QuorumError
-from .._core.flow import READ, RUN, Flow, drive
+from .._core.flow import Flow, Read, Run, drive
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import LOST, Busy, Granted, Outcome
 from .._core.outcomes import lock_acquire as decode_acquire
@@ -150,7 +150,7 @@ class _LockBase(SessionUser):
         return self._acquire(True, timeout_, lease_, 1)
 
     def _locked(self) -> Flow[bool]:
-        return bool((yield (READ, "EXISTS", self._keys.lock)))
+        return bool((yield Read("EXISTS", self._keys.lock)))
 
     @property
     def token(self) -> Optional[int]:
@@ -214,8 +214,8 @@ class _LockBase(SessionUser):
         acks = self._acks() if fresh else None
         try:
             if acks is None:
-                return int((yield (RUN, "lock_acquire", keys, args)))
-            reply, acked = yield (RUN, "lock_acquire", keys, args, acks)
+                return int((yield Run("lock_acquire", keys, args)))
+            reply, acked = yield Run("lock_acquire", keys, args, acks)
         except (redis.ResponseError, QuorumError):
             raise  # the script did not run, or failed, or (Redlock) was undone: nothing was granted
         except BaseException:
@@ -235,9 +235,9 @@ class _LockBase(SessionUser):
         reached now either, a grant that did happen ends with its lease."""
         keys = self._keys
         try:
-            count, token = yield (READ, "HMGET", keys.lock, owner, ":t")
+            count, token = yield Read("HMGET", keys.lock, owner, ":t")
             if count is not None and token is not None:
-                yield (RUN, "lock_release", (keys.lock, keys.queue), (owner, token, 0))
+                yield Run("lock_release", (keys.lock, keys.queue), (owner, token, 0))
         except redis.RedisError:
             pass
 
@@ -245,7 +245,7 @@ class _LockBase(SessionUser):
         """The process' last waiter left without the lock: leave the registry, so that no
         release wakes this process for nothing (best effort: the entry expires anyway)."""
         try:
-            yield (RUN, "lock_unwait", (self._keys.queue, self._keys.lock), (channel,))
+            yield Run("lock_unwait", (self._keys.queue, self._keys.lock), (channel,))
         except redis.RedisError:
             pass
 
@@ -262,7 +262,7 @@ class _LockBase(SessionUser):
             args += (count, KEEP if keep else YIELD)
         elif count != 1:
             args += (count,)
-        left = int((yield (RUN, "lock_release", (self._keys.lock, self._keys.queue), args)))
+        left = int((yield Run("lock_release", (self._keys.lock, self._keys.queue), args)))
         if shares and left == 0 and hold.session.runs.released(hold.key, now, keep):
             # in its quantum: nobody was woken; unless this process takes the lock again
             # first, the next waiter is woken soon (_shares)
@@ -798,7 +798,7 @@ def release_into(lock: _LockBase, session: Session, script: str, keys: Tuple[str
     count = hold.count
     lock._forget(hold)
     try:
-        reply = int((yield (RUN, script, (*keys, lock._keys.lock, lock._keys.queue),
+        reply = int((yield Run(script, (*keys, lock._keys.lock, lock._keys.queue),
                             (*args, hold.owner, hold.token))))
     finally:
         hold.count = 0

@@ -28,7 +28,7 @@ import redis
 
 from .._core.checks import check_lease, check_name
 from .._core.deadlines import lease_ms
-from .._core.flow import READ, RUN, Flow
+from .._core.flow import Flow, Read, Run
 from .._core.keys import RWKeys
 from .._core.outcomes import Granted, Outcome
 from .._core.outcomes import lock_acquire as decode_acquire
@@ -234,7 +234,7 @@ class DistReadLock(_RWSide):
         return self._drive(self._locked())
 
     def _locked(self) -> Flow[bool]:
-        return int((yield (RUN, "rw_read_count", (self._rw.readers,), ()))) > 0
+        return int((yield Run("rw_read_count", (self._rw.readers,), ()))) > 0
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int,
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
@@ -245,8 +245,8 @@ class DistReadLock(_RWSide):
         acks = None if reentry_token else self._acks()  # a re-entry is no grant
         try:
             if acks is None:
-                return int((yield (RUN, "rw_read_acquire", keys, args)))
-            reply, acked = yield (RUN, "rw_read_acquire", keys, args, acks)
+                return int((yield Run("rw_read_acquire", keys, args)))
+            reply, acked = yield Run("rw_read_acquire", keys, args, acks)
         except redis.ResponseError:
             raise
         except BaseException:
@@ -267,11 +267,11 @@ class DistReadLock(_RWSide):
             cursor: Any = 0
             prefix = f"{owner}#"
             for _ in range(1000):  # bounded: a readers' set is small
-                cursor, members = yield (READ, "ZSCAN", rw.readers, cursor, "MATCH", f"{prefix}*")
+                cursor, members = yield Read("ZSCAN", rw.readers, cursor, "MATCH", f"{prefix}*")
                 for member, _deadline in members:
                     text = member.decode() if isinstance(member, bytes) else str(member)
                     if text.startswith(prefix) and text.endswith(f"@{info}"):
-                        yield (RUN, "rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+                        yield Run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
                                (text,))
                 if int(cursor) == 0:
                     return
@@ -291,7 +291,7 @@ class DistReadLock(_RWSide):
         rw = self._rw
         left = read_release_left(hold.count, count)
         member = reader_member(hold.owner, hold.token, hold.session.info)
-        return int((yield (RUN, "rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+        return int((yield Run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
                            optional_tail((member,), left, 0))))
 
 
@@ -319,7 +319,7 @@ class DistWriteLock(_RWSide):
 
     def _locked(self) -> Flow[bool]:
         """Whether a writer, in any process on any host, holds the write lock now."""
-        return bool((yield (READ, "EXISTS", self._rw.writer)))
+        return bool((yield Read("EXISTS", self._rw.writer)))
 
     def _refuse_upgrade(self, session: Session) -> None:
         if (self._rw.readers, self._owner_for(session)) in session.holds:
@@ -334,7 +334,7 @@ class DistWriteLock(_RWSide):
 
     def _abandon(self, owner: str) -> Flow[None]:
         try:
-            yield (READ, "ZREM", self._rw.queue, owner)
+            yield Read("ZREM", self._rw.queue, owner)
         except redis.RedisError as exc:
             log.debug("distlock: could not leave the writers' queue of %r: %r", self._name, exc)
 
@@ -351,8 +351,8 @@ class DistWriteLock(_RWSide):
         acks = None if reentry_token else self._acks()  # a re-entry is no grant
         try:
             if acks is None:
-                return int((yield (RUN, "rw_write_acquire", keys, args)))
-            reply, acked = yield (RUN, "rw_write_acquire", keys, args, acks)
+                return int((yield Run("rw_write_acquire", keys, args)))
+            reply, acked = yield Run("rw_write_acquire", keys, args, acks)
         except redis.ResponseError:
             raise
         except BaseException:
@@ -369,9 +369,9 @@ class DistWriteLock(_RWSide):
         and give the hold back if it was granted (``_LockBase._undo_lost_grant``)."""
         rw = self._rw
         try:
-            held, token = yield (READ, "HMGET", rw.writer, owner, ":t")
+            held, token = yield Read("HMGET", rw.writer, owner, ":t")
             if held is not None and token is not None:
-                yield (RUN, "rw_write_release",
+                yield Run("rw_write_release",
                        (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
                        optional_tail((owner, int(token)), int(held), 1))
         except redis.RedisError:
@@ -379,7 +379,7 @@ class DistWriteLock(_RWSide):
 
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         rw = self._rw
-        return int((yield (RUN, "rw_write_release",
+        return int((yield Run("rw_write_release",
                            (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
                            optional_tail((hold.owner, hold.token), count, 1))))
 

@@ -31,7 +31,7 @@ import redis
 from .._core.checks import check_lease, check_name, wait_seconds
 from .._core.deadlines import entry_ms, lease_ms
 from .._core.errors import LockLostError
-from .._core.flow import READ, RUN, Flow
+from .._core.flow import Flow, Read, Run
 from .._core.keys import SemKeys
 from .._core.outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, Granted, Outcome, renewal
 from .._core.outcomes import sem_acquire as decode_acquire
@@ -277,7 +277,7 @@ class DistSemaphore(SessionUser):
         outcome: Any = None
         try:
             for _ in range(_MISMATCH_TRIES):
-                outcome = decode_release((yield (RUN, "sem_release", keys.release, args)))
+                outcome = decode_release((yield Run("sem_release", keys.release, args)))
                 if outcome is not MISMATCH:
                     break
                 stored = yield from _recorded(keys)
@@ -341,9 +341,9 @@ class DistSemaphore(SessionUser):
         for _ in range(_MISMATCH_TRIES):
             try:
                 if acks is None:
-                    reply = yield (RUN, "sem_acquire", keys.acquire, args)
+                    reply = yield Run("sem_acquire", keys.acquire, args)
                 else:
-                    reply, acked = yield (RUN, "sem_acquire", keys.acquire, args, acks)
+                    reply, acked = yield Run("sem_acquire", keys.acquire, args, acks)
             except redis.ResponseError:
                 raise  # the script did not run, or failed: nothing was granted
             except BaseException:
@@ -374,9 +374,9 @@ class DistSemaphore(SessionUser):
         only while it is ours (see ``_end``). If the server cannot be reached now either, a
         grant that did happen ends with its lease."""
         try:
-            renewed = yield (RUN, "sem_renew", self._keys.renew, (pid, lease_ms(settings().lease)))
+            renewed = yield Run("sem_renew", self._keys.renew, (pid, lease_ms(settings().lease)))
             if renewal(renewed) is RENEWED:
-                yield (RUN, "sem_release", self._keys.release,
+                yield Run("sem_release", self._keys.release,
                        (self._initial, "1" if self._bounded else "0", 1, pid))
         except redis.RedisError:
             pass
@@ -463,7 +463,7 @@ class DistBoundedSemaphore(DistSemaphore):
 
 def _recorded(keys: SemKeys) -> Flow[Optional[int]]:
     """The value recorded for a semaphore (for an error message), None when at rest."""
-    score = yield (READ, "ZSCORE", keys.sem, "~v")
+    score = yield Read("ZSCORE", keys.sem, "~v")
     return None if score is None else -int(float(score)) - 1
 
 
@@ -484,7 +484,7 @@ class _SemWaiting(Waiting):
 
     def abandon(self) -> Flow[None]:
         try:
-            yield (READ, "ZREM", self._sem._keys.queue, self._args[1])
+            yield Read("ZREM", self._sem._keys.queue, self._args[1])
         except redis.RedisError:
             pass
 

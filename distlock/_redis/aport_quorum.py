@@ -60,7 +60,8 @@ class AsyncQuorumPort(AsyncPort):
 
     @property
     def quorum(self) -> QuorumExecutor:
-        return self.session.executor  # type: ignore[return-value]
+        executor: QuorumExecutor = self.session.executor
+        return executor
 
     # --- the ops ----------------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ def resolve_client(client: ClientArg) -> redis.Redis:
         return _client_for_url(client)  # type: ignore[no-any-return]
     if topology(client) == QUORUM:
         from .._core.quorum import made
-        return made([resolve_client(c) for c in client])  # type: ignore[return-value]
+        return made([resolve_client(c) for c in client])  # type: ignore[return-value,union-attr]
     return client  # type: ignore[return-value]
 
 

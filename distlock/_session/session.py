@@ -41,7 +41,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, TypeVar
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple, TypeVar
 
 from .._core.flow import Flow, drive
 from .._core.settings import settings
@@ -89,10 +89,6 @@ class Session:
         #: ids of the user clients alive that resolve to this session (see ``session_for``)
         self.users: Set[int] = set()
         self.executor = executor_for(client, None if user is None else user())
-        #: every script goes through the executor (see ``_executor``); bound once, here, so
-        #: the hot path pays no extra call
-        self.run = self.executor.run
-        self.read = self.executor.read
         #: Tries by queued waiters go through these slots, so that a crowd of waiters woken at
         #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
         #: to one connection per thread. First tries (the uncontended path) do not pay for it.
@@ -180,6 +176,17 @@ class Session:
         """False for a session of a user's client that is gone, when ``client`` is a new one
         that happens to have the same ``id()``."""
         return self._user is None or self._user() is client
+
+    # --- the ops of a flow (``_core.flow.Port``) -------------------------------------------------
+
+    def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
+            acks: Optional[Tuple[int, int]] = None) -> Any:
+        """Script ``name``, a state change, sent once by the executor (``Executor.run``)."""
+        return self.executor.run(name, keys, args, acks)
+
+    def read(self, *command: Any) -> Any:
+        """One command that is safe to repeat (``Executor.read``)."""
+        return self.executor.read(*command)
 
     # --- waiting ------------------------------------------------------------------------------
 

@@ -68,7 +68,8 @@ class AsyncShell:
         return port
 
     def _session(self) -> Session:
-        return self._port().core
+        session: Session = self._port().session
+        return session
 
     def _peek_session(self) -> Optional[Session]:
         port = self._aport
