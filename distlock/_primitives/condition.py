@@ -44,7 +44,8 @@ from .._core.wait_policy import FIRST, LAST
 from .._redis.clients import ClientArg, check_client
 from .._session.session import Hold, Session, SessionUser
 from .engine import Waiting, waiting_flow
-from .lock import _UNSET, DistLock, DistRLock, _LockBase, _ThreadOwned, release_into, session_of
+from .lock import DistLock, DistRLock, _ThreadOwned
+from .lock_base import _UNSET, _LockBase, release_into, session_of
 
 #: More waiters than any queue holds: a larger ``n`` is "all of them".
 _ALL = 1 << 31

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import redis
 
 from .._core.flow import Flow, Run
-from .._core.keys import FairKeys
+from .._core.keys import FairKeys, Keys
 from .._core.outcomes import RENEWED, Granted, Outcome, renewal
 from .._core.outcomes import lock_acquire as decode_acquire
 from .._core.replies import handoff_grant
@@ -32,12 +33,6 @@ from .._core.wait_policy import LAST
 from .._redis import QUORUM, topology
 from .._session.session import Hold, Session
 from .engine import Waiting
-
-if TYPE_CHECKING:
-    from .lock import _LockBase
-
-
-import os
 
 
 def check_fair(fair: object) -> bool:
@@ -71,10 +66,24 @@ def entry_lease_ms(wait_cap: float) -> int:
 
 __all__ = ["FairWaiting", "fair_try", "fair_leave", "fair_release", "first_try", "end_whole_fair"]
 
+
+
+class FairLock(Protocol):
+    """What a fair wait and a fair release need of their lock (``lock_base._LockBase``): its
+    keys, its fair queue's keys, how it records a grant and leaves the registry."""
+
+    _keys: Keys
+    _fair_keys: FairKeys
+
+    def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
+               ms: int, sent_at: float) -> Hold: ...
+
+    def _unregister(self, channel: str) -> Flow[None]: ...
+
 log = logging.getLogger("distlock")
 
 
-def fair_try(lock: _LockBase, session: Session, owner: str, ms: int, count: int, nonce: str,
+def fair_try(lock: FairLock, session: Session, owner: str, ms: int, count: int, nonce: str,
              mode: str) -> Flow[int]:
     """One ``fair_acquire`` try: its raw reply (a token > 0 when the caller holds the lock).
     ``mode``: 'w' queue (or stay queued), 'n' leave the queue when refused. A reply that was
@@ -94,14 +103,14 @@ def fair_try(lock: _LockBase, session: Session, owner: str, ms: int, count: int,
         raise
 
 
-def fair_leave(lock: _LockBase, nonce: str) -> Flow[int]:
+def fair_leave(lock: FairLock, nonce: str) -> Flow[int]:
     """The wait of ``nonce`` ends without the lock: leave the queue, and pass on a lock that
     was handed to it meanwhile (2), or free it."""
     return int((yield Run("fair_leave", lock._fair_keys.all,
                        (nonce, settings().fence_retention_ms))))
 
 
-def fair_release(lock: _LockBase, hold: Hold, count: int) -> Flow[int]:
+def fair_release(lock: FairLock, hold: Hold, count: int) -> Flow[int]:
     """``fair_release``: give back ``count`` levels (0: all); the last hands the lock on."""
     return int((yield Run("fair_release", lock._fair_keys.all,
                        (hold.owner, hold.token, count, settings().fence_retention_ms))))
@@ -120,7 +129,7 @@ class FairWaiting(Waiting):
     strict = True
     named_grants = True
 
-    def __init__(self, lock: _LockBase, session: Session, owner: str, ms: int, count: int,
+    def __init__(self, lock: FairLock, session: Session, owner: str, ms: int, count: int,
                  watchdog: bool) -> None:
         self.channel = lock._keys.waiter_channel(session.id)
         self.ident = self.nonce = new_nonce(session.id)
@@ -169,7 +178,7 @@ class FairWaiting(Waiting):
         return True
 
 
-def _lengthen(lock: _LockBase, session: Session, hold: Hold, ms: int, received_at: float) -> None:
+def _lengthen(lock: FairLock, session: Session, hold: Hold, ms: int, received_at: float) -> None:
     """In the watchdog thread: give a hold that was handed over the lease its owner asked for
     (the internal lease, or what is left of a fixed one); one ``lock_renew``."""
     if hold.lost or hold.releasing or not session.watchdog.registered(hold):
@@ -191,7 +200,7 @@ def _lengthen(lock: _LockBase, session: Session, hold: Hold, ms: int, received_a
         session.mark_lost(hold, "it was gone before its hand-off lease was lengthened")
 
 
-def first_try(lock: _LockBase, session: Session, owner: str, ms: int, count: int) -> Flow[int]:
+def first_try(lock: FairLock, session: Session, owner: str, ms: int, count: int) -> Flow[int]:
     """A fair lock's try before any waiting: takes the lock only when it is free and nobody
     live queues for it; never queues (the wait that follows does, once subscribed, so that a
     hand-off always finds its waiter listening)."""

@@ -10,6 +10,7 @@ from .._core.flow import Query, Started
 from .._core.replicas import refuse_options
 from .._primitives import condition as _condition
 from .._primitives import lock as _lock
+from .._primitives.lock_base import _UNSET
 from .._redis.clients import check_async_client
 from ._lock import DistLock, DistRLock, _AsyncLock
 from ._shell import AsyncShell
@@ -68,7 +69,7 @@ class DistCondition(AsyncShell, _condition.DistCondition):
                         and saved is not _condition._SELF_RELEASED:
                     yield from lock._restore(saved)
                 else:
-                    yield from lock._acquire(True, None, _lock._UNSET, 1)
+                    yield from lock._acquire(True, None, _UNSET, 1)
                 break
             except asyncio.CancelledError as exc:  # the try left nothing behind: try again
                 cancelled = exc

@@ -13,12 +13,13 @@ from typing import Any, Optional
 from .._core.checks import check_acquire_args
 from .._core.flow import Query, Started, adrive
 from .._primitives import lock as _lock
+from .._primitives.lock_base import _UNSET, _LockBase
 from ._shell import AsyncShell, task_ident
 
 __all__ = ["DistLock", "DistRLock"]
 
 
-class _AsyncLock(AsyncShell, _lock._LockBase):
+class _AsyncLock(AsyncShell, _LockBase):
     """The asyncio surface both locks share."""
 
     _repr_prefix = "asyncio."
@@ -37,7 +38,7 @@ class _AsyncLock(AsyncShell, _lock._LockBase):
         port = self._port()
         if self._reentrant == "1":
             await _settled(self._current(port.session))
-        return await adrive(self._acquire(blocking_, timeout_, _lock._UNSET, 1), port)
+        return await adrive(self._acquire(blocking_, timeout_, _UNSET, 1), port)
 
     async def try_lock(self, timeout: Optional[float] = 0.0, lease: Optional[float] = None) -> bool:  # type: ignore[override]
         """``tryLock(wait, lease)``, awaited: see the blocking class."""

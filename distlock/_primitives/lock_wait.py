@@ -1,0 +1,149 @@
+"""How a lock waits: ``_LockWaiting`` (the tries of one blocking acquire, for the engine) and
+the work a release leaves to the watchdog thread (``_nudge`` after a release in a quantum,
+``_finish_release`` after a release whose round trip was cut short). ``WaitingLock`` says what
+they need of the lock (``lock_base._LockBase`` has it), so this module does not import it."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from typing import Any, Optional, Protocol
+
+import redis
+
+from .._core.errors import QuorumError
+from .._core.flow import Flow, drive
+from .._core.keys import Keys
+from .._core.outcomes import Busy, Granted, Outcome
+from .._core.outcomes import lock_acquire as decode_acquire
+from .._core.settings import settings
+from .._core.shares import quantum
+from .._core.wait_policy import HINTED, LAST, WAIT
+from .._session.session import Hold, Session, Waiter
+from .engine import Waiting
+from .fair import FairLock, FairWaiting
+
+log = logging.getLogger("distlock")
+
+class WaitingLock(FairLock, Protocol):
+    """What a lock's wait and its deferred release work need of the lock."""
+
+    _shares: bool
+
+    def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
+                      waiter: Optional[Waiter] = None) -> Flow[int]: ...
+
+    def _call_release(self, hold: Hold, count: int) -> Flow[int]: ...
+
+    def _forget(self, hold: Hold) -> None: ...
+
+
+#: How long (ms) a blocking acquire on a Redlock quorum that could not be reached waits before
+#: it tries again (DistLock(name, client=[...]); see ``_executor_quorum``).
+QUORUM_RETRY_MS = 100
+
+
+class _LockWaiting(Waiting):
+    """One wait for a lock (or a writer, see ``_rwlock``): tries of ``lock_acquire`` that
+    register this process' channel with the lock, and answer hints without registering."""
+
+    answers_hints = True
+    _modes = {WAIT: "w", LAST: "w", HINTED: "p"}
+    #: a Redlock quorum not reached by the last try (raised when the wait ends), and until
+    #: when the wait retries it: its timeout, and at most one lease (a master restarted empty
+    #: sits out that long)
+    short: Optional[QuorumError] = None
+    short_until = 0.0
+
+    def __init__(self, lock: WaitingLock, session: Session, owner: str, ms: int, count: int,
+                 watchdog: bool) -> None:
+        self.channel = lock._keys.waiter_channel(session.id)
+        self._lock = lock
+        self._session = session
+        self._grant_args = (owner, ms, count, watchdog)
+        #: set once a try found fair waiters ahead: the wait goes on as theirs
+        self._fair: Optional[FairWaiting] = None
+
+    def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
+        if self._fair is not None:
+            return (yield from self._fair.attempt(mode, waiter))
+        lock, session = self._lock, self._session
+        owner, ms, count, watchdog = self._grant_args
+        sent_at = time.monotonic()
+        try:
+            reply = yield from lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter)
+        except QuorumError as exc:
+            if self.short is None:
+                self.short_until = sent_at + ms / 1000.0
+            if mode == LAST or sent_at >= self.short_until:
+                raise
+            self.short = exc
+            return Busy(QUORUM_RETRY_MS / 1000.0)
+        self.short = None
+        if reply == 0:
+            # The lock is free, but fair waiters queue for it: this wait goes on in their
+            # queue, at its back, as a fair wait (docs/guides/locks.rst, "Mixed modes").
+            fair = self._fair = FairWaiting(lock, session, owner, ms, count, watchdog)
+            self.ident = waiter.ident = fair.ident
+            self.strict = self.named_grants = True
+            return (yield from fair.attempt(mode, waiter))
+        outcome = decode_acquire(reply)
+        if type(outcome) is Granted:
+            lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
+            limit = settings().barge_limit
+            if lock._shares and limit < math.inf:  # a quantum starts (_shares)
+                session.runs.start(lock._keys.lock, sent_at, quantum(limit, waiter.channel.turns))
+        return outcome
+
+    def abandon(self) -> Flow[None]:
+        if self._fair is not None:
+            yield from self._fair.abandon()
+
+    def named(self) -> Any:
+        return self._fair.named() if self._fair is not None else True
+
+    def unregister(self) -> Flow[None]:
+        return (yield from self._lock._unregister(self.channel))
+
+    def timed_out(self) -> Any:
+        if self.short is not None:
+            raise self.short  # never False for a quorum that could not be reached
+        return False
+
+
+def _nudge(keys: Keys, session: Session) -> None:
+    """In the watchdog thread, ``NUDGE_AFTER`` a release in a quantum: if this process has not
+    tried to take the lock since, wake the next waiting process (``_shares``)."""
+    now = time.monotonic()
+    due = session.runs.nudge(keys.lock, now)
+    if due is None or session.closed:
+        return
+    if due > now:  # released again meanwhile: look again then
+        session.defer_at(due, functools.partial(_nudge, keys, session))
+        return
+    try:
+        session.run("lock_nudge", (keys.lock, keys.queue), ())
+    except redis.RedisError as exc:  # the waiters' bounded sleeps cover for it
+        log.debug("distlock: could not wake a waiter of %r: %r", keys.name, exc)
+
+
+def _finish_release(lock: WaitingLock, session: Session, hold: Hold, count: int, depth: int) -> None:
+    """In the watchdog thread: finish a release whose round trip was cut short. It may have run
+    (it is never sent blind, DESIGN principle 13): send it only if the hold is still there at
+    the depth it had; then keep the books as the release would have."""
+    try:
+        held, token = session.read("HMGET", hold.key, hold.owner, ":t")
+        if held is not None and token is not None and int(token) == hold.token and int(held) == depth:
+            drive(lock._call_release(hold, count), session)
+        held = session.read("HGET", hold.key, hold.owner)
+    except Exception as exc:  # noqa: BLE001 - what cannot be finished ends with its lease
+        log.warning("distlock: could not finish the release of %s: %r", hold.key, exc)
+        held = None
+    if held is None:
+        lock._forget(hold)
+        session.drop_hold(hold)
+    else:
+        hold.count = int(held)
+        hold.releasing = False
