@@ -34,7 +34,7 @@ nitpicky = False
 class LuaContracts(Directive):
     """``.. distlock-scripts::`` - the contract comment at the top of every shipped Lua script.
 
-    Reads ``distlock/lua/*.lua`` at build time, so a new script appears here without anyone
+    Reads ``distlock/_redis/lua/*.lua`` at build time, so a new script appears here without anyone
     editing the page. The shared ``_prelude.lua`` is shown whole: it is all helpers.
     """
 
@@ -42,7 +42,7 @@ class LuaContracts(Directive):
 
     def run(self) -> List[Any]:
         env = self.state.document.settings.env
-        folder = ROOT / "distlock" / "lua"
+        folder = ROOT / "distlock" / "_redis" / "lua"
         out: List[Any] = []
         for path in sorted(folder.glob("*.lua"), key=lambda p: (not p.name.startswith("_"), p.name)):
             env.note_dependency(str(path))
@@ -56,7 +56,7 @@ class LuaContracts(Directive):
                         break
                     lines.append(line)
                 shown = "\n".join(lines)
-            out.append(nodes.rubric(text=f"distlock/lua/{path.name}"))
+            out.append(nodes.rubric(text=f"distlock/_redis/lua/{path.name}"))
             block = nodes.literal_block(shown, shown)
             block["language"] = "lua"
             out.append(block)

@@ -647,7 +647,7 @@ def test_a_grant_whose_reply_was_lost_is_not_sent_again_and_is_undone(
         cluster: Any, cluster_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The connection breaks after the grant's EVALSHA went out: the script ran once on the
     master, is not sent again (redis-py's RedisCluster would re-send it), the caller gets the
-    ConnectionError, and the hold it did not learn of is given back (principle 13)."""
+    ConnectionError, and the hold it did not learn of is given back (docs/design.rst, principle 13)."""
     name = _name("lost-reply")
     lock = DistLock(name, client=cluster_client)
     with lock:  # the session, its connections and both scripts on the slot's master are made

@@ -1,5 +1,5 @@
 """The executor (``_executor.py``): a state-changing script whose reply was lost is never sent
-again, whatever the client (DESIGN principle 13).
+again, whatever the client (docs/design.rst, principle 13).
 
 redis-py's ``execute_command`` retries on a connection error (redis-py 8: up to 10 times), and
 before Core v2 every client that was not a plain, shareable one (a single-connection client, a

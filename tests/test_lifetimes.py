@@ -1,4 +1,4 @@
-"""Lifetimes (DESIGN principle 11): nothing leaks, nothing dies silently.
+"""Lifetimes (docs/design.rst, principle 11): nothing leaks, nothing dies silently.
 
 - No exception of any kind stops the watchdog; a hold it could not renew is reported lost.
 - Clients made per request leave no thread and no connection behind.

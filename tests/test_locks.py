@@ -474,7 +474,7 @@ class _Counting(redis.Redis):  # type: ignore[type-arg]
 def test_clients_that_override_execute_command_see_reads_not_scripts(url: str) -> None:
     """A subclass that overrides execute_command (and so keeps redis-py's retries) sees
     distlock's reads, but not its scripts: a state change is never sent through a retrying
-    path (DESIGN principle 13; see test_executor.py). A single-connection client gets them
+    path (docs/design.rst, principle 13; see test_executor.py). A single-connection client gets them
     over its one connection."""
     sub = _Counting.from_url(url, socket_timeout=5)  # not shareable (see _clients.shareable)
     single = redis.Redis.from_url(url, single_connection_client=True, socket_timeout=5)

@@ -280,9 +280,9 @@ def test_too_few_replicas_raise_and_leave_no_hold(replication: Any, kind: str) -
 
 @pytest.mark.real_redis
 def test_a_connection_lost_during_wait_raises_and_gives_the_grant_back(replication: Any) -> None:
-    """The grant ran but its connection died while WAIT blocked (principle 13: the reply is
-    lost, the script is not sent again): acquire raises the connection error, never False,
-    and the grant is given back after reading that it is there."""
+    """The grant ran but its connection died while WAIT blocked (docs/design.rst, principle 13:
+    the reply is lost, the script is not sent again): acquire raises the connection error,
+    never False, and the grant is given back after reading that it is there."""
     master = replication.client(0)
     try:
         replication.stop(2)  # WAIT 2 now blocks for its whole timeout

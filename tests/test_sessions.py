@@ -1,4 +1,4 @@
-"""Sessions and the user's clients (DESIGN principle 11: a session lives as long as its
+"""Sessions and the user's clients (docs/design.rst, principle 11: a session lives as long as its
 client, or as its holds and waiters; nothing outlives them; nothing of the user's is broken).
 
 - Clients that cannot share a session per server (a subclass that overrides

@@ -1,4 +1,4 @@
-"""The watchdog thread: nothing stops it (DESIGN principle 11).
+"""The watchdog thread: nothing stops it (docs/design.rst, principle 11).
 
 tests/test_lifetimes.py injects errors into the renewal round trip; these inject them into
 the rest of the thread's loop (its idle check, its deferred work), where an exception used to
