@@ -210,7 +210,7 @@ class _LockBase(SessionUser):
     def _undo_lost_grant(self, owner: str) -> Flow[None]:
         """The reply of a try for a new hold was lost (the connection failed, or the caller
         was interrupted or cancelled while it waited for it), and the try may have run (it is
-        never sent again: DESIGN principle 13). Read what happened; if the hold was granted,
+        never sent again: docs/design.rst, principle 13). Read what happened; if the hold was granted,
         give it back, since the caller is told the acquire failed. If the server cannot be
         reached now either, a grant that did happen ends with its lease."""
         keys = self._keys

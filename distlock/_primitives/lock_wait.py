@@ -131,7 +131,7 @@ def _nudge(keys: Keys, session: Session) -> None:
 
 def _finish_release(lock: WaitingLock, session: Session, hold: Hold, count: int, depth: int) -> None:
     """In the watchdog thread: finish a release whose round trip was cut short. It may have run
-    (it is never sent blind, DESIGN principle 13): send it only if the hold is still there at
+    (it is never sent blind, docs/design.rst, principle 13): send it only if the hold is still there at
     the depth it had; then keep the books as the release would have."""
     try:
         held, token = session.read("HMGET", hold.key, hold.owner, ":t")

@@ -259,7 +259,7 @@ class DistReadLock(_RWSide):
         return int(reply)
 
     def _undo_lost_read(self, owner: str, info: str) -> Flow[None]:
-        """A try for a new read hold lost its reply, and may have run (DESIGN principle 13):
+        """A try for a new read hold lost its reply, and may have run (docs/design.rst, principle 13):
         find a member of ``owner`` among the readers and give it back, as a lock does
         (``_LockBase._undo_lost_grant``). A server out of reach: it ends with its lease."""
         rw = self._rw

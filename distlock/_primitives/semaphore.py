@@ -370,7 +370,7 @@ class DistSemaphore(SessionUser):
     def _undo_lost_grant(self, pid: str) -> Flow[None]:
         """The reply of a try was lost (the connection failed, or the caller was interrupted
         or cancelled while it waited for it), and the try may have granted permit ``pid``
-        (it is never sent again: DESIGN principle 13). Give it back if so: renewing succeeds
+        (it is never sent again: docs/design.rst, principle 13). Give it back if so: renewing succeeds
         only while it is ours (see ``_end``). If the server cannot be reached now either, a
         grant that did happen ends with its lease."""
         try:

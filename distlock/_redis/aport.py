@@ -13,7 +13,7 @@ to the loop that opened them). It has:
   through it, as for the blocking classes, and a sync and an async primitive of one server in
   one process share its session id.
 - an executor: scripts sent as EVALSHA on the client's own asyncio connection pool, on the
-  direct path (packed RESP, no retries: a state change is never sent twice, DESIGN principle
+  direct path (packed RESP, no retries: a state change is never sent twice, docs/design.rst, principle
   13), at most ``SCRIPT_CONCURRENCY`` at once; reads through the client, retries and all;
 - an ``AsyncDispatcher``: one pub/sub connection and one reader task for every waiting task of
   the loop.

@@ -4,7 +4,7 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
 
 - ``run(name, keys, args)``: one script, a state change. **Never sent twice**: a script whose
   reply was lost may have run, and running it again could take a second hold, release twice,
-  or report a release as a lost lease; the caller learns the outcome by reading state (DESIGN
+  or report a release as a lost lease; the caller learns the outcome by reading state (docs/design.rst,
   principle 13). Scripts go out on the direct path below, which has no retries, for every
   client on a redis-py connection pool: a plain client, a Sentinel client (its pool hands out
   the master's connections), a single-connection client, and a subclass that overrides
@@ -261,7 +261,7 @@ def demoted(exc: BaseException) -> bool:
     """Whether ``exc`` is redis-py's Sentinel connection telling that the master it talked to
     answered READONLY (it was demoted to a replica): a ConnectionError raised while handling a
     ReadOnlyError. A replica refuses every write, so the script wrote nothing: like a
-    redirection, it may be sent again (DESIGN principle 13), on a new connection."""
+    redirection, it may be sent again (docs/design.rst, principle 13), on a new connection."""
     return isinstance(exc, redis.exceptions.ConnectionError) and \
         isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
 

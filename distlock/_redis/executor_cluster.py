@@ -11,7 +11,7 @@ serves it. The same three kinds of traffic as on one server (``_executor``), rou
   refreshes the slot map and tries the slot's master again. All of that is bounded
   (``REDIRECTS`` tries within ``REDIRECT_BOUND`` seconds). A connection that fails *after*
   the send raises: the reply was lost and the script may have run, so it is never re-sent
-  (DESIGN principle 13). redis-py's ``RedisCluster.execute_command`` would re-send it on a
+  (docs/design.rst, principle 13). redis-py's ``RedisCluster.execute_command`` would re-send it on a
   connection error, which is why scripts never go through it.
 - ``read``: a command that is safe to repeat goes through the client: redis-py routes it by
   its key and follows redirections.
@@ -117,7 +117,7 @@ class ClusterExecutor(Executor):
 
     def _sender(self, node: Any) -> Callable[..., Any]:
         # Kept on the node's pool, not here: the pool's settings refer to the user's client,
-        # which the session must not keep alive (DESIGN principle 11).
+        # which the session must not keep alive (docs/design.rst, principle 11).
         pool = self.node_client(node).connection_pool
         send: Optional[Callable[..., Any]] = getattr(pool, "_distlock_send", None)
         if send is None:

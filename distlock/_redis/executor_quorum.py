@@ -15,7 +15,7 @@ replies into the one reply a single server would have given (the arithmetic is i
   above zero. Its token (``Hold.token``) is the largest of the quorum's tokens; each master's
   own is kept here (``_Part``), and its releases, renewals and re-entries are sent with it.
 - **A failed try is undone** on every master that granted, and on every master whose reply
-  did not come back in time (it may have run: DESIGN principle 13), with ``lock_undo``, which
+  did not come back in time (it may have run: docs/design.rst, principle 13), with ``lock_undo``, which
   ends only the hold that very try made (each try writes a holder info of its own). A grant
   that counted is undone likewise where it did not count (no reply in time; a master that
   sits out); where even the undo got no reply, the release sends it again.

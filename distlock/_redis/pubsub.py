@@ -7,7 +7,7 @@ hint or their bound, and leave. Subscriptions are reference-counted and dropped
 the first waiter and exits, closing its connection, once no channel is left: a process that
 stops waiting keeps no thread and no connection for it.
 
-Hints are only hints (DESIGN principle 1): a lost message or a dropped connection costs a
+Hints are only hints (docs/design.rst, principle 1): a lost message or a dropped connection costs a
 waiter at most its bound.
 """
 

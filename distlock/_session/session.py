@@ -23,7 +23,7 @@ Which session a client gets (``session_for``):
   session of its own, which talks through that very client without keeping it alive.
 
 A session lives while a user holds a reference to one of its clients, or while it has a hold
-(DESIGN principle 11). After that it is retired: its threads stop, its connections close, and
+(docs/design.rst, principle 11). After that it is retired: its threads stop, its connections close, and
 the next primitive for that server starts a fresh one. Its threads exit by themselves when
 they have had nothing to do for a few seconds, and start again on demand. After ``os.fork()``
 the child drops every session it inherited and starts afresh: it owns nothing. At interpreter

@@ -1,6 +1,6 @@
 """Holds, and the watchdog thread that renews a session's watchdog holds in batches.
 
-No exception of any kind stops the watchdog (DESIGN principle 11): a renewal that fails for
+No exception of any kind stops the watchdog (docs/design.rst, principle 11): a renewal that fails for
 any reason, a Redis error or not (redis-py's cluster pipeline raises RedisClusterException,
 which is not a RedisError), is logged and tried again soon, and a hold whose lease has passed
 without a renewal is reported lost: ``on_lost`` runs, ``owned()`` turns False, ``release()``
