@@ -12,7 +12,8 @@ distlock, so that this process and the worker processes it spawns import that tr
 file's own ``benchmarks._common`` (loaded by path, since ROOT has a ``benchmarks`` package of
 its own), so both sides are measured by the same code. It touches only distlock's public
 ``DistLock`` / ``DistRLock`` (``name``, ``client=``, ``acquire(timeout=)``, ``release()``),
-present in both trees, and ``distlock.testing.server``, which ``_common`` imports (and never uses here).
+present in both trees, and the private names ``benchmarks._internals`` finds in either package
+layout (``_common`` imports its ``RedisServer``, never used here).
 
 Prints one JSON object on stdout: ``metrics`` (flat name -> number, what ``ab.py`` compares)
 and ``detail`` (every sample). Lock names start with ``ab-<side>:``; the keys they leave are

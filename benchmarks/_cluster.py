@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import redis
 
-from distlock.testing.server import RedisServer, free_port, redis_server_binary
+from benchmarks._internals import RedisServer, free_port, redis_server_binary
 
 __all__ = ["LocalCluster", "slot_map"]
 

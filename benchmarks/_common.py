@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import redis
 
-from distlock.testing.server import RedisServer
+from benchmarks._internals import RedisServer
 
 __all__ = [
     "LockHandle", "LockFactory", "start_server", "connect", "server_meta",
@@ -861,7 +861,7 @@ def bench_main(argv: Optional[List[str]], *, doc: Optional[str], title: str,
     from dataclasses import replace
 
     import distlock
-    from distlock._session.session import reset_sessions
+    from benchmarks._internals import reset_sessions
 
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("figures", nargs="*", metavar="figure",

@@ -63,9 +63,9 @@ from redis.crc import key_slot  # noqa: E402
 import distlock  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
 from benchmarks._cluster import LocalCluster  # noqa: E402
+from benchmarks._internals import reset_sessions
 from benchmarks.bench_locks import make_distlock  # noqa: E402
 from distlock import DistLock, DistRLock
-from distlock._session.session import reset_sessions
 
 FIGURES = ("commands", "spread", "handoff", "watchdog")
 

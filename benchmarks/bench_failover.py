@@ -52,8 +52,8 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
 import redis  # noqa: E402
 
 from benchmarks import _common as C  # noqa: E402
+from benchmarks._internals import RedisServer
 from distlock import DistLock, DistRLock, configure
-from distlock.testing.server import RedisServer
 
 FIGURES = ("uncontended", "roundtrips", "asyncio")
 
@@ -287,7 +287,7 @@ def _run(client: Any, url: str, knobs: Knobs, figures: List[str]) -> List[C.Row]
             rows += asyncio_figure(url, servers, knobs)
         return rows
     finally:
-        from distlock._session.session import reset_sessions
+        from benchmarks._internals import reset_sessions
         reset_sessions()
         for c in clients:
             c.close()

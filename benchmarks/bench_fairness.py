@@ -43,8 +43,8 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
 
 import distlock  # noqa: E402
 from benchmarks import _common as C  # noqa: E402
+from benchmarks._internals import settings_module as _config
 from benchmarks.bench_locks import REDIS_PY, make_distlock, make_redis_py  # noqa: E402
-from distlock._session import config as _config
 
 FIGURES = ("curve",)
 LIMITS = (0.0, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, math.inf)

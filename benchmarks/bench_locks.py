@@ -44,9 +44,8 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
+from benchmarks._internals import Keys, settings
 from distlock import DistLock, DistRLock
-from distlock._core.keys import Keys
-from distlock._core.settings import settings
 
 try:
     import redis_lock

@@ -34,8 +34,8 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
+from benchmarks._internals import metrics as _metrics
 from distlock import DistLock
-from distlock._session import metrics as _metrics
 
 FIGURES = ("recording", "onoff")
 

@@ -32,11 +32,8 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
+from benchmarks._internals import Keys, session_for, settings, top
 from distlock import DistLock
-from distlock._cli.top import READ_BUDGET, snapshot
-from distlock._core.keys import Keys
-from distlock._core.settings import settings
-from distlock._session.session import session_for
 
 SCREEN_ROWS = 46
 
@@ -85,14 +82,14 @@ def register_waiters(client: Any, locks: List[DistLock]) -> None:
 
 
 def measure(client: Any, url: str, limit: Optional[int], refreshes: int) -> Dict[str, Any]:
-    budget = READ_BUDGET if limit is not None else None  # the live view's cap; none for --once
-    snapshot(client, url, limit, budget)  # warm-up
+    budget = top.READ_BUDGET if limit is not None else None  # the live view's cap; none for --once
+    top.snapshot(client, url, limit, budget)  # warm-up
     walls: List[float] = []
     before = command_usage(client)
     last = None
     for _ in range(refreshes):
         t0 = time.perf_counter()
-        last = snapshot(client, url, limit, budget)
+        last = top.snapshot(client, url, limit, budget)
         walls.append((time.perf_counter() - t0) * 1000)
     delta = usage_delta(before, command_usage(client))
     assert last is not None

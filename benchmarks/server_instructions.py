@@ -38,8 +38,8 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` and ``dist
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import _common as C  # noqa: E402
+from benchmarks._internals import RedisServer
 from distlock import DistBoundedSemaphore, DistLock, DistRLock, DistSemaphore
-from distlock.testing.server import RedisServer
 
 WARMUP = 50
 

@@ -9,6 +9,7 @@ from ._primitives.lock import DistLock, DistRLock
 from ._primitives.rwlock import DistReadWriteLock
 from ._primitives.semaphore import DistBoundedSemaphore, DistSemaphore
 from ._session.config import configure
+from ._session.metrics import reset as reset_metrics
 from ._session.metrics import snapshot as metrics
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "configure",
     "Settings",
     "metrics",
+    "reset_metrics",
     "DistLockError",
     "LockNotOwnedError",
     "LockLostError",

@@ -123,3 +123,38 @@ def test_threading_condition_over_a_lost_rlock(client: Any) -> None:
     cond = threading.Condition(lock)
     with pytest.raises(RuntimeError):
         cond.notify()
+
+
+#: Pickles made by distlock before the layered layout (the exceptions then lived in
+#: ``distlock._errors``): protocol 2, made with that version's own classes.
+_OLD_PICKLES = {
+    "LockLostError": b"\x80\x02cdistlock._errors\n_rebuild\nq\x00(cdistlock._errors\nLockLostError\nq\x01X\x0e"
+                     b"\x00\x00\x00lost orders:42q\x02X\t\x00\x00\x00orders:42q\x03K\x07tq\x04Rq\x05.",
+    "NotEnoughReplicasError": b"\x80\x02cdistlock._errors\n_rebuild_replicas\nq\x00(cdistlock._errors\n"
+                              b"NotEnoughReplicasError\nq\x01X\x05\x00\x00\x00shortq\x02K\x00K\x01tq\x03Rq\x04.",
+    "QuorumError": b"\x80\x02cdistlock._errors\n_rebuild_quorum\nq\x00(cdistlock._errors\nQuorumError\nq\x01"
+                   b"X\x01\x00\x00\x00qq\x02K\x01K\x02tq\x03Rq\x04.",
+}
+
+
+def test_pickles_made_before_the_layout_still_load() -> None:
+    import distlock
+
+    lost = pickle.loads(_OLD_PICKLES["LockLostError"])
+    assert type(lost) is distlock.LockLostError
+    assert (str(lost), lost.name, lost.token) == ("lost orders:42", "orders:42", 7)
+    short = pickle.loads(_OLD_PICKLES["NotEnoughReplicasError"])
+    assert type(short) is distlock.NotEnoughReplicasError
+    assert (short.acknowledged, short.required) == (0, 1)
+    quorum = pickle.loads(_OLD_PICKLES["QuorumError"])
+    assert type(quorum) is distlock.QuorumError
+    assert (quorum.answered, quorum.required) == (1, 2)
+
+
+def test_the_old_metrics_reset_still_works() -> None:
+    import distlock
+    import distlock._metrics
+
+    assert distlock._metrics.reset is distlock.reset_metrics
+    distlock._metrics.reset()
+    assert distlock.metrics()["series"] == []

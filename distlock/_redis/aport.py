@@ -3,14 +3,14 @@
 One ``AsyncPort`` per ``redis.asyncio`` client and event loop (a client's connections belong
 to the loop that opened them). It has:
 
-- ``session``: the blocking ``Session`` of the same server (``_session.session_for`` of a sync
+- ``session``: the blocking ``Session`` of the same server (``_session.session_for`` of a blocking
   twin of the client, made from its connection settings, handed in by ``_session.ports``,
   which keeps the ports). Holds live there, with their ids,
   and its watchdog *thread* renews them: renewals go on while user code blocks the event loop
   (a CPU-bound handler, a blocking call), which a renewal task in the loop could not promise.
   A hold that could not be renewed is reported lost from that thread; an asyncio primitive
   then runs its ``on_lost`` callbacks in its own loop. Interpreter exit gives holds back
-  through it, as for the blocking classes, and a sync and an async primitive of one server in
+  through it, as for the blocking classes, and a blocking and an asyncio primitive of one server in
   one process share its session id.
 - an executor: scripts sent as EVALSHA on the client's own asyncio connection pool, on the
   direct path (packed RESP, no retries: a state change is never sent twice, docs/design.rst, principle
@@ -41,7 +41,7 @@ from .clients import DEFAULT_IO_TIMEOUT
 from .executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located, packer, taker
 from .pubsub import Waiter
 
-__all__ = ["AsyncPort", "sync_twin", "aread_pair"]
+__all__ = ["AsyncPort", "blocking_twin", "aread_pair"]
 
 #: ``asyncio.timeout`` (Python 3.11+)
 _timeout: Any = getattr(asyncio, "timeout", None)
@@ -70,7 +70,7 @@ _TWINS = {
 _SKIP = {"retry", "redis_connect_func", "parser_class", "event_dispatcher", "connection_pool"}
 
 
-def sync_twin(client: Any) -> redis.Redis:
+def blocking_twin(client: Any) -> redis.Redis:
     """A blocking client with ``client``'s connection settings (it connects only when used).
     For a ``redis.asyncio.sentinel`` master client: a blocking Sentinel master client of the
     same sentinels, service and settings (``sentinel_twin``)."""
@@ -157,7 +157,7 @@ class AsyncPort:
         self._attach(client)
 
     def _make_twin(self, client: Any) -> Any:
-        return sync_twin(client)
+        return blocking_twin(client)
 
     def _connection_kwargs(self, client: Any) -> Dict[str, Any]:
         return client.connection_pool.connection_kwargs  # type: ignore[no-any-return]

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import redis
 
 from .._core.quorum import REPLY_CAP, made
-from .aport import AsyncPort, sync_twin
+from .aport import AsyncPort, blocking_twin
 from .apubsub import AsyncDispatcher
 from .executor import NOSCRIPT_TRIES, located, packer, taker
 from .executor_quorum import Boards, Entry, Plan, QuorumExecutor, T, merge
@@ -45,7 +45,7 @@ class AsyncQuorumPort(AsyncPort):
     docstring)."""
 
     def _make_twin(self, client: Any) -> Any:
-        return made([sync_twin(master) for master in client.masters])
+        return made([blocking_twin(master) for master in client.masters])
 
     def _connection_kwargs(self, client: Any) -> Dict[str, Any]:
         return client.masters[0].connection_pool.connection_kwargs  # type: ignore[no-any-return]

@@ -131,7 +131,7 @@ def is_async_client(client: object) -> bool:
 
 def check_async_client(client: object, owner: str) -> None:
     """``check_client`` for the asyncio shell's class ``owner``: a ``redis.asyncio.Redis`` or a
-    URL string; a sync client gets a TypeError that names the right class."""
+    URL string; a blocking client gets a TypeError that names the right class."""
     if isinstance(client, str):
         check_url(client)
         return

@@ -360,7 +360,7 @@ def taker(pool: Any) -> Callable[[], Any]:
 
 
 def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
-    """A function that packs one command for ``encoder``'s connections (sync or asyncio)."""
+    """A function that packs one command for ``encoder``'s connections (blocking or asyncio)."""
     encoding, errors, encode = encoder.encoding, encoder.encoding_errors, encoder.encode
 
     def pack(args: Tuple[Any, ...]) -> List[bytes]:
