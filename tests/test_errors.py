@@ -129,7 +129,8 @@ def test_threading_condition_over_a_lost_rlock(client: Any) -> None:
 #: ``distlock._errors``): protocol 2, made with that version's own classes.
 _OLD_PICKLES = {
     "LockLostError": b"\x80\x02cdistlock._errors\n_rebuild\nq\x00(cdistlock._errors\nLockLostError\n"
-                     b"q\x01X\x0e\x00\x00\x00lost orders:42q\x02X\t\x00\x00\x00orders:42q\x03K\x07tq\x04Rq\x05.",
+                     b"q\x01X\x0e\x00\x00\x00lost orders:42q\x02X\t\x00\x00\x00orders:42"
+                     b"q\x03K\x07tq\x04Rq\x05.",
     "NotEnoughReplicasError": b"\x80\x02cdistlock._errors\n_rebuild_replicas\nq\x00(cdistlock._errors\n"
                               b"NotEnoughReplicasError\nq\x01X\x05\x00\x00\x00shortq\x02K\x00K\x01tq\x03Rq\x04.",
     "QuorumError": b"\x80\x02cdistlock._errors\n_rebuild_quorum\nq\x00(cdistlock._errors\nQuorumError\nq\x01"
