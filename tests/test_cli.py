@@ -24,6 +24,7 @@ from _support import kill, read_line
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, configure
+from distlock._cli.connect import redact_url
 from distlock._cli.demo import Row, format_table, handoff_latencies
 from distlock._cli.inspect import (
     exclusive_state,
@@ -32,7 +33,6 @@ from distlock._cli.inspect import (
     name_from_key,
     parse_info,
     parse_owner,
-    redact_url,
     rw_state,
     scan_pattern,
 )

@@ -45,7 +45,6 @@ __all__ = [
     "name_from_key",
     "scan_pattern",
     "glob_escape",
-    "redact_url",
     "hold_age",
     "split_key",
     "group_keys",
@@ -359,14 +358,6 @@ def glob_escape(text: str) -> str:
 def scan_pattern(prefix: str, pattern: str) -> str:
     """The SCAN MATCH pattern for every key of the names that match the glob ``pattern``."""
     return f"{glob_escape(prefix)}{{{pattern}}}*"
-
-
-_URL_PASSWORD = re.compile(r"^([a-z0-9+.-]+://)([^:@/]*):([^@/]*)@", re.IGNORECASE)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``, for messages."""
-    return _URL_PASSWORD.sub(lambda m: f"{m.group(1)}{m.group(2)}:***@", url)
 
 
 # --- distlock top: one row per primitive, no I/O ------------------------------------------------

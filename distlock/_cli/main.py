@@ -4,15 +4,8 @@ Subcommands: ``run`` (flock(1) across hosts), ``status``, ``list``, ``top``,
 ``release --force``, ``demo`` and ``bench``. ``--url`` (or ``$DISTLOCK_URL``) names one server,
 or a Redis Cluster as ``redis+cluster://host:port[,host:port...]/``; on a cluster ``status``,
 ``list``, ``release`` and ``top`` SCAN every master and read each name on its slot's master
-(``_top.servers``). Exit statuses follow sysexits(3) where one fits:
-
-- 0 success; a ``run`` passes its command's status through (128 + N for a signal N);
-- 1 a refused or failed admin action (``release`` without ``--force``);
-- 2 bad arguments (argparse's one-line usage error);
-- 69 (EX_UNAVAILABLE) the Redis server cannot be reached;
-- 70 (EX_SOFTWARE) any other Redis error;
-- 75 (EX_TEMPFAIL, ``--conflict-exit-code``) ``run`` could not take the lock in time;
-- 76 ``run`` lost its lease while the command ran.
+(``top.servers``). The exit statuses, which follow sysexits(3) where one fits, are listed in
+``exits``.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -39,29 +32,32 @@ from .._core.errors import LockLostError
 from .._core.keys import Keys
 from .._core.settings import settings
 from .._primitives.lock import hold_of, still_held
-from .._redis.urls import client_from_url, cluster_url, sentinel_url
 from .._session.config import DEFAULT_URL
 from .._session.session import session_for
+from .connect import check_url, client_for, redact_url
+from .exits import (
+    EXIT_CONFLICT,
+    EXIT_LOST,
+    EXIT_REFUSED,
+    EXIT_SOFTWARE,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Fail,
+    err,
+    one_line,
+)
 from .inspect import (
     LockState,
     Owner,
     exclusive_state,
     free_state,
     name_from_key,
-    redact_url,
     rw_state,
     scan_pattern,
 )
 from .top import by_server, execute, routed, scan_keys, servers, time_ms
 
-__all__ = ["main", "build_parser", "connect", "EXIT_UNAVAILABLE", "EXIT_LOST", "EXIT_CONFLICT"]
-
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 69
-EXIT_SOFTWARE = 70
-EXIT_CONFLICT = 75
-EXIT_LOST = 76
+__all__ = ["main", "build_parser"]
 
 #: How often ``distlock run`` checks that its hold is still in Redis (one HGET), so that a
 #: force-release or a server restart stops the command within about this long. The library's
@@ -77,18 +73,6 @@ MIN_TOP_INTERVAL = 0.1
 
 FORWARDED_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
-
-
-class _Fail(Exception):
-    """A one-line error for the user, with an exit status."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _err(message: str) -> None:
-    print(f"distlock: {message}", file=sys.stderr, flush=True)
 
 
 # --- argument types (argparse turns their ArgumentTypeError into exit 2) ----------------------
@@ -294,66 +278,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.url = url
     try:
         return handlers[args.command_name](args, parser)
-    except _Fail as exc:
-        _err(str(exc))
+    except Fail as exc:
+        err(str(exc))
         return exc.status
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        _err(f"cannot reach the Redis server at {redact_url(url or '?')}: {_one_line(exc)}")
+        err(f"cannot reach the Redis server at {redact_url(url or '?')}: {one_line(exc)}")
         return EXIT_UNAVAILABLE
     except (redis.RedisError, RedisClusterException) as exc:
-        _err(f"Redis error from {redact_url(url or '?')}: {_one_line(exc)}")
+        err(f"Redis error from {redact_url(url or '?')}: {one_line(exc)}")
         return EXIT_SOFTWARE
     except KeyboardInterrupt:
-        _err("interrupted")
+        err("interrupted")
         return 128 + signal.SIGINT
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text or type(exc).__name__
-
-
-def connect(url: str, **kwargs: Any) -> Any:
-    """The client of ``url``, with ``kwargs`` for redis-py: a ``redis.RedisCluster`` for
-    ``redis+cluster://host:port[,host:port...]/`` (or ``rediss+cluster://``), which reads the
-    slot map and so connects now; else a ``redis.Redis``, which connects on its first command.
-
-    Raise ValueError for a URL redis-py cannot parse (before connecting), and
-    redis.ConnectionError when none of a cluster's nodes can be reached.
-    """
-    _parsed(url)
-    try:
-        return client_from_url(url, **kwargs)
-    except RedisClusterException as exc:
-        if isinstance(exc.__cause__, (redis.ConnectionError, redis.TimeoutError)):
-            raise redis.ConnectionError(_one_line(exc.__cause__)) from exc
-        raise
-
-
-def _parsed(url: str) -> Optional[Tuple[str, List[Tuple[str, int]]]]:
-    """``cluster_url(url)``, once redis-py parsed the URL (without connecting): ValueError when
-    it cannot. A sentinel URL (``redis+sentinel://``) is parsed by ``sentinel_url``."""
-    if sentinel_url(url) is not None:
-        return None
-    parsed = cluster_url(url)
-    redis.connection.parse_url(url if parsed is None else parsed[0])  # type: ignore[no-untyped-call]
-    return parsed
-
-
-def _check_url(url: str, parser: argparse.ArgumentParser) -> None:
-    """A URL redis-py cannot parse is a usage error (nothing connects)."""
-    try:
-        _parsed(url)
-    except ValueError as exc:
-        parser.error(f"argument --url: {_one_line(exc)}")
-
-
-def _client(url: str, parser: argparse.ArgumentParser) -> Any:
-    try:
-        return connect(url, socket_connect_timeout=10)
-    except ValueError as exc:
-        parser.error(f"argument --url: {_one_line(exc)}")
-        raise  # not reached: parser.error exits
 
 
 # --- status, list, release -------------------------------------------------------------------
@@ -460,7 +396,7 @@ def _print_states(states: Sequence[LockState], as_json: bool) -> None:
 
 
 def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    client = _client(args.url, parser)
+    client = client_for(args.url, parser)
     _print_states(fetch_states(client, args.names), args.json)
     return 0
 
@@ -496,7 +432,7 @@ def _list_names(client: Any, pattern: str) -> List[str]:
 
 
 def cmd_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    client = _client(args.url, parser)
+    client = client_for(args.url, parser)
     names = list_names(client, args.pattern)
     states = [s for s in fetch_states(client, names) if s.held] if names else []
     if not states and not args.json:
@@ -509,7 +445,7 @@ def cmd_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def cmd_top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .top import run_top
 
-    client = _client(args.url, parser)
+    client = client_for(args.url, parser)
     return run_top(client, redact_url(args.url), interval=args.interval, limit=args.limit,
                    once=args.once, as_json=args.json)
 
@@ -543,21 +479,21 @@ def _force_release(client: Any, state: LockState) -> tuple[int, int]:
 
 
 def cmd_release(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    client = _client(args.url, parser)
+    client = client_for(args.url, parser)
     held = [s for s in fetch_states(client, [args.name]) if s.held]
     if not held:
         print(f"{args.name}: not held; nothing to release")
         return 0
     if not args.force:
         for state in held:
-            _err(f"{args.name} is held by {_holder_summary(state)}")
-        _err(f"refusing to break {args.name!r} without --force")
+            err(f"{args.name} is held by {_holder_summary(state)}")
+        err(f"refusing to break {args.name!r} without --force")
         return EXIT_REFUSED
     status = 0
     for state in held:
         broken, fence = _force_release(client, state)
         if broken == -1:
-            _err(f"{args.name} changed hands meanwhile (now token {fence}); nothing broken, "
+            err(f"{args.name} changed hands meanwhile (now token {fence}); nothing broken, "
                  "run the command again")
             status = EXIT_REFUSED
         elif broken == 0 and fence == 0:
@@ -640,14 +576,14 @@ class _Runner:
                 return
             self.lost_reason = reason
             child = self.child
-        _err(f"lost the lock {self.args.name!r}: {reason}")
+        err(f"lost the lock {self.args.name!r}: {reason}")
         if child is not None:
             self._stop_child(child)
 
     def _stop_child(self, child: subprocess.Popen[bytes]) -> None:
         if child.poll() is not None:
             return
-        _err(f"stopping the command (pid {child.pid}): SIGTERM now, SIGKILL in "
+        err(f"stopping the command (pid {child.pid}): SIGTERM now, SIGKILL in "
              f"{self.args.kill_after:g} s")
         try:
             child.send_signal(signal.SIGTERM)
@@ -662,7 +598,7 @@ class _Runner:
     def _kill(self, child: subprocess.Popen[bytes]) -> None:
         if child.poll() is None:
             self.killed = True
-            _err(f"the command did not stop within {self.args.kill_after:g} s; sending SIGKILL")
+            err(f"the command did not stop within {self.args.kill_after:g} s; sending SIGKILL")
             try:
                 child.kill()
             except OSError:
@@ -713,7 +649,7 @@ class _Runner:
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.command:
         parser.error("run needs a COMMAND after --")
-    client = _client(args.url, parser)
+    client = client_for(args.url, parser)
     lock = _make_lock(args, client, parser)
     runner = _Runner(args, lock)
     lock.on_lost(lambda _lock: runner.lost(
@@ -733,10 +669,10 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             else:
                 acquired = lock.acquire()
         except KeyboardInterrupt:
-            _err(f"interrupted while waiting for {args.name!r}")
+            err(f"interrupted while waiting for {args.name!r}")
             return 128 + signal.SIGINT
         except _Terminated as exc:
-            _err(f"{signal.Signals(exc.signum).name} while waiting for {args.name!r}")
+            err(f"{signal.Signals(exc.signum).name} while waiting for {args.name!r}")
             return 128 + exc.signum
         if not acquired:
             how = "" if args.nonblock else f" within {args.timeout:g} s"
@@ -747,7 +683,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     held = "; held by " + "; ".join(_holder_summary(s) for s in states)
             except (redis.RedisError, RedisClusterException):
                 pass
-            _err(f"could not take {args.name!r}{how}{held}")
+            err(f"could not take {args.name!r}{how}{held}")
             return int(args.conflict_exit_code)
         # The hold is looked up here, in the thread that took it: a DistRLock's or a read or
         # write side's hold belongs to its thread, and the monitor thread would find none.
@@ -790,7 +726,7 @@ def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
         except _Terminated as exc:  # arrived before the forwarding handlers were all in place
             status = 128 + exc.signum
         except OSError as exc:
-            _err(f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
+            err(f"cannot run {args.command[0]!r}: {exc.strerror or exc}")
             status = 127 if isinstance(exc, FileNotFoundError) else 126
         else:
             with runner._mutex:
@@ -814,14 +750,14 @@ def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
             runner.releasing = False
             runner.lost("its lease was found lost when releasing")
         except redis.RedisError as exc:
-            _err(f"could not release {args.name!r} ({_one_line(exc)}); it ends with its lease")
+            err(f"could not release {args.name!r} ({one_line(exc)}); it ends with its lease")
         # Signals that arrive from here on end distlock itself, as they normally would.
         for sig in FORWARDED_SIGNALS:
             signal.signal(sig, previous.get(sig, signal.default_int_handler
                                              if sig == signal.SIGINT else signal.SIG_DFL))
     if runner.lost_reason is not None:
         how = "was killed (SIGKILL)" if runner.killed else f"ended with status {status}"
-        _err(f"the command {how} after the lease on {args.name!r} was lost")
+        err(f"the command {how} after the lease on {args.name!r} was lost")
         return EXIT_LOST
     assert status is not None
     return status
@@ -833,7 +769,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .demo import run_demo
 
     if args.url is not None:
-        _check_url(args.url, parser)
+        check_url(args.url, parser)
     return run_demo(url=args.url, workers=args.workers, increments=args.increments)
 
 
@@ -854,7 +790,7 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     how = ("from a clone of the repository: pip install -e '.[bench]' && "
            f"python benchmarks/{script}.py [FIGURE...]")
     if not path.is_file():
-        raise _Fail(f"the benchmarks are not installed with the package; run them {how}",
+        raise Fail(f"the benchmarks are not installed with the package; run them {how}",
                     EXIT_REFUSED)
     # Imported as benchmarks.<script> from the source tree, so that the worker processes it
     # spawns can import its functions by the same name.
@@ -864,13 +800,13 @@ def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         module = importlib.import_module(f"benchmarks.{script}")
     except ImportError as exc:
-        raise _Fail(f"the benchmarks need the bench extra ({_one_line(exc)}); run them {how}",
+        raise Fail(f"the benchmarks need the bench extra ({one_line(exc)}); run them {how}",
                     EXIT_REFUSED) from None
     if Path(getattr(module, "__file__", "") or "").resolve() != path:
-        raise _Fail(f"another 'benchmarks' package shadows {path}; run them {how}", EXIT_REFUSED)
+        raise Fail(f"another 'benchmarks' package shadows {path}; run them {how}", EXIT_REFUSED)
     entry = getattr(module, "main", None)
     if not callable(entry):
-        raise _Fail(f"{path} has no main(); run it {how}", EXIT_REFUSED)
+        raise Fail(f"{path} has no main(); run it {how}", EXIT_REFUSED)
     try:
         result = entry(list(args.extra))
     except SystemExit as exc:  # its own argparse said no
