@@ -11,12 +11,10 @@ or a Redis Cluster as ``redis+cluster://host:port[,host:port...]/``; on a cluste
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 import redis
@@ -24,17 +22,9 @@ from redis.exceptions import RedisClusterException
 
 from .. import __version__
 from .._session.config import DEFAULT_URL
-from .connect import check_url, redact_url
-from .exits import (
-    EXIT_CONFLICT,
-    EXIT_REFUSED,
-    EXIT_SOFTWARE,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    Fail,
-    err,
-    one_line,
-)
+from .bench import cmd_bench, cmd_demo
+from .connect import redact_url
+from .exits import EXIT_CONFLICT, EXIT_SOFTWARE, EXIT_UNAVAILABLE, Fail, err, one_line
 from .run import DEFAULT_KILL_AFTER, cmd_run
 from .state import cmd_list, cmd_release, cmd_status, cmd_top
 
@@ -260,54 +250,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         err("interrupted")
         return 128 + signal.SIGINT
-
-
-# --- demo and bench ------------------------------------------------------------------------------
-
-def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .demo import run_demo
-
-    if args.url is not None:
-        check_url(args.url, parser)
-    return run_demo(url=args.url, workers=args.workers, increments=args.increments)
-
-
-def bench_script() -> Path:
-    """Where ``benchmarks/bench_locks.py`` is in a source checkout."""
-    return Path(__file__).resolve().parent.parent / "benchmarks" / "bench_locks.py"
-
-
-def cluster_bench_script() -> Path:
-    """Where ``benchmarks/bench_cluster.py`` (``distlock bench --cluster``) is in a source
-    checkout."""
-    return bench_script().parent / "bench_cluster.py"
-
-
-def cmd_bench(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    script = "bench_cluster" if args.cluster else "bench_locks"
-    path = cluster_bench_script() if args.cluster else bench_script()
-    how = ("from a clone of the repository: pip install -e '.[bench]' && "
-           f"python benchmarks/{script}.py [FIGURE...]")
-    if not path.is_file():
-        raise Fail(f"the benchmarks are not installed with the package; run them {how}",
-                    EXIT_REFUSED)
-    # Imported as benchmarks.<script> from the source tree, so that the worker processes it
-    # spawns can import its functions by the same name.
-    root = str(path.parent.parent)
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        module = importlib.import_module(f"benchmarks.{script}")
-    except ImportError as exc:
-        raise Fail(f"the benchmarks need the bench extra ({one_line(exc)}); run them {how}",
-                    EXIT_REFUSED) from None
-    if Path(getattr(module, "__file__", "") or "").resolve() != path:
-        raise Fail(f"another 'benchmarks' package shadows {path}; run them {how}", EXIT_REFUSED)
-    entry = getattr(module, "main", None)
-    if not callable(entry):
-        raise Fail(f"{path} has no main(); run it {how}", EXIT_REFUSED)
-    try:
-        result = entry(list(args.extra))
-    except SystemExit as exc:  # its own argparse said no
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    return int(result or 0)
