@@ -28,8 +28,9 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def bench_script() -> Path:
-    """Where ``benchmarks/bench_locks.py`` is in a source checkout."""
-    return Path(__file__).resolve().parent.parent / "benchmarks" / "bench_locks.py"
+    """Where ``benchmarks/bench_locks.py`` is in a source checkout (``distlock/_cli/`` is two
+    levels below its root)."""
+    return Path(__file__).resolve().parents[2] / "benchmarks" / "bench_locks.py"
 
 
 def cluster_bench_script() -> Path:
