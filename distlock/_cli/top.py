@@ -1,5 +1,5 @@
-"""``distlock top``: the I/O (SCAN, pipelined reads, the terminal). The parsing, the rows, their
-order and their text are in ``_inspect`` (no I/O).
+"""``distlock top``: the I/O (SCAN, pipelined reads, the terminal). The parsing is in ``inspect``,
+the rows, their order and their text in ``top_rows`` (no I/O in either).
 
 One refresh:
 
@@ -46,7 +46,8 @@ from redis.exceptions import AskError, ClusterDownError, RedisClusterException, 
 
 from .._core.settings import settings
 from .._redis import is_cluster
-from .inspect import (
+from .inspect import exclusive_state, glob_escape, pipeline_reply, rw_state
+from .top_rows import (
     BARRIER,
     COND,
     EVENT,
@@ -63,15 +64,11 @@ from .inspect import (
     barrier_row,
     condition_row,
     event_row,
-    exclusive_state,
     format_top,
-    glob_escape,
     group_keys,
     lock_row,
-    pipeline_reply,
     plan_reads,
     rw_row,
-    rw_state,
     semaphore_row,
     sort_rows,
 )
