@@ -28,7 +28,7 @@ from _support import kill, read_line, until
 from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError
 from distlock._cli import state as _cli  # fetch_states, list_names
 from distlock._cli.bench import cluster_bench_script
-from distlock._cli.top import by_server, servers
+from distlock._cli.servers import by_server, servers
 from distlock._core.keys import Keys
 from distlock._core.settings import settings
 

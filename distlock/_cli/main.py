@@ -4,7 +4,7 @@ Subcommands: ``run`` (flock(1) across hosts), ``status``, ``list``, ``top``,
 ``release --force``, ``demo`` and ``bench``. ``--url`` (or ``$DISTLOCK_URL``) names one server,
 or a Redis Cluster as ``redis+cluster://host:port[,host:port...]/``; on a cluster ``status``,
 ``list``, ``release`` and ``top`` SCAN every master and read each name on its slot's master
-(``top.servers``). The exit statuses, which follow sysexits(3) where one fits, are listed in
+(``servers.servers``). The exit statuses, which follow sysexits(3) where one fits, are listed in
 ``exits``.
 """
 

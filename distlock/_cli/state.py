@@ -5,7 +5,7 @@
 server (each with that server's TIME) and hands the replies to ``inspect``, which parses them
 without I/O; ``list_names`` SCANs (never KEYS) every server for the names held. On a cluster
 both read each name on its slot's master and read again when the slot map changed under them
-(``top.routed``). ``distlock run`` uses them too, to say who holds a lock it could not take.
+(``servers.routed``). ``distlock run`` uses them too, to say who holds a lock it could not take.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .inspect import (
     rw_state,
     scan_pattern,
 )
-from .top import by_server, execute, routed, scan_keys, servers, time_ms
+from .servers import by_server, execute, routed, scan_keys, servers, time_ms
 
 __all__ = ["fetch_states", "list_names", "describe", "holder_summary", "cmd_status", "cmd_list",
            "cmd_top", "cmd_release"]
