@@ -24,6 +24,9 @@ from _support import kill, read_line
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, configure
+from distlock._cli import bench
+from distlock._cli import main as _cli
+from distlock._cli.connect import redact_url
 from distlock._cli.demo import Row, format_table, handoff_latencies
 from distlock._cli.inspect import (
     exclusive_state,
@@ -32,11 +35,9 @@ from distlock._cli.inspect import (
     name_from_key,
     parse_info,
     parse_owner,
-    redact_url,
     rw_state,
     scan_pattern,
 )
-from distlock._cli.main import main as _cli
 from distlock.testing.server import free_port
 
 TIMEOUT = 60  # seconds: the bound of every subprocess call here
@@ -235,13 +236,13 @@ def test_shared_without_a_read_write_lock_is_a_usage_error(
 
 def test_bench_outside_a_source_tree_says_how_to_run_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(_cli, "bench_script", lambda: tmp_path / "missing.py")
+    monkeypatch.setattr(bench, "bench_script", lambda: tmp_path / "missing.py")
     assert _cli.main(["bench"]) == 1
     assert "benchmarks/bench_locks.py" in capsys.readouterr().err
 
 
 def test_bench_hands_its_arguments_to_bench_locks() -> None:
-    if not _cli.bench_script().is_file():
+    if not bench.bench_script().is_file():
         pytest.skip("benchmarks/bench_locks.py is not in this tree")
     result = cli("bench", "no-such-figure")
     assert result.returncode == 2

@@ -26,8 +26,9 @@ import redis
 from _support import kill, read_line, until
 
 from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError
-from distlock._cli.main import main as _cli
-from distlock._cli.top import by_server, servers
+from distlock._cli import state as _cli  # fetch_states, list_names
+from distlock._cli.bench import cluster_bench_script
+from distlock._cli.servers import by_server, servers
 from distlock._core.keys import Keys
 from distlock._core.settings import settings
 
@@ -331,7 +332,7 @@ def test_demo_on_the_cluster_leaves_nothing_behind(
 
 @pytest.mark.slow
 def test_bench_cluster_runs_on_a_private_cluster() -> None:
-    if not _cli.cluster_bench_script().is_file():
+    if not cluster_bench_script().is_file():
         pytest.skip("benchmarks/bench_cluster.py is not in this tree")
     result = cli("bench", "--cluster", "--quick", "spread", timeout=300)
     assert result.returncode == 0, result.stderr

@@ -25,7 +25,9 @@ import redis
 from _support import BOUND, distlock_keys, kill, read_line, settle
 
 from distlock import DistEvent, DistLock, DistReadWriteLock, DistRLock, DistSemaphore, configure
-from distlock._cli.inspect import (
+from distlock._cli.inspect import exclusive_state, hold_age, rw_state
+from distlock._cli.top import snapshot
+from distlock._cli.top_rows import (
     BARRIER,
     COND,
     EVENT,
@@ -38,19 +40,15 @@ from distlock._cli.inspect import (
     condition_row,
     duration,
     event_row,
-    exclusive_state,
     format_top,
     group_keys,
-    hold_age,
     lock_row,
     plan_reads,
     rw_row,
-    rw_state,
     semaphore_row,
     sort_rows,
     split_key,
 )
-from distlock._cli.top import snapshot
 from distlock.testing.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

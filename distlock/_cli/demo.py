@@ -94,7 +94,7 @@ def _run_phase(client: Any, phase: str, counter: str, lock_name: str, k: int,
 
 def _worker(index: int, url: str, tasks: Any, results: Any, barrier: Any) -> None:
     """One worker process: run the phases it is sent until it is sent None."""
-    from .main import connect
+    from .connect import connect
 
     client: Any = None
     try:
@@ -296,7 +296,7 @@ def run_demo(url: Optional[str] = None, workers: int = 4, increments: int = 200,
         assert backend.url is not None
         print(f"distlock demo: {workers} worker processes x {increments} increments of one shared "
               f"counter, on {backend.description}", file=out, flush=True)
-        from .main import connect
+        from .connect import connect
 
         client = connect(backend.url, socket_connect_timeout=10)
         client.ping()
