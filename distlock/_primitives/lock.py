@@ -21,7 +21,7 @@ from .._core.flow import Flow
 from .._redis.clients import ClientArg
 from .._session.session import Hold, Session
 from .fair import end_whole_fair
-from .lock_base import _UNSET, _end_whole, _LockBase, hold_of, release_into, session_of, still_held
+from .lock_base import _UNSET, _end_whole, _LockBase
 
 
 def lock_repr(obj: object, kind: str, name: str, locked: bool, extra: str = "") -> str:
@@ -31,7 +31,7 @@ def lock_repr(obj: object, kind: str, name: str, locked: bool, extra: str = "") 
     return f"<{state} distlock.{kind} object name={name!r}{extra} at {hex(id(obj))}>"
 
 
-__all__ = ["DistLock", "DistRLock", "session_of", "hold_of", "still_held", "release_into"]
+__all__ = ["DistLock", "DistRLock"]
 
 
 class DistLock(_LockBase):

@@ -33,6 +33,8 @@ from .engine import Waiting, waiting_flow
 from .fair import FairWaiting, check_fair, fair_release, first_try, refuse_fair_quorum
 from .lock_wait import QUORUM_RETRY_MS, _finish_release, _LockWaiting, _nudge
 
+__all__ = ["session_of", "hold_of", "still_held", "release_into"]
+
 log = logging.getLogger("distlock")
 
 

@@ -25,6 +25,8 @@ from .._session.session import Hold, Session, Waiter
 from .engine import Waiting
 from .fair import FairLock, FairWaiting
 
+__all__ = ["WaitingLock", "QUORUM_RETRY_MS"]
+
 log = logging.getLogger("distlock")
 
 class WaitingLock(FairLock, Protocol):
