@@ -60,7 +60,7 @@ class AsyncQuorumPort(AsyncPort):
 
     @property
     def quorum(self) -> QuorumExecutor:
-        return self.session.executor  # type: ignore[return-value]
+        return self.session.executor  # type: ignore[no-any-return]
 
     # --- the ops ----------------------------------------------------------------------------
 
