@@ -31,7 +31,8 @@ from .._core.quorum import REPLY_CAP, made
 from .aport import AsyncPort, sync_twin
 from .apubsub import AsyncDispatcher
 from .executor import NOSCRIPT_TRIES, located, packer, taker
-from .executor_quorum import Boards, Entry, Plan, QuorumExecutor, T, merge
+from .executor_quorum import Boards, QuorumExecutor
+from .fanout_quorum import Entry, Plan, T, merge
 from .pubsub import Waiter
 
 __all__ = ["AsyncQuorumPort", "AsyncQuorumDispatcher"]
