@@ -31,9 +31,10 @@ from .._core.quorum import REPLY_CAP, made
 from .aport import AsyncPort, sync_twin
 from .apubsub import AsyncDispatcher
 from .executor import NOSCRIPT_TRIES, located, packer, taker
-from .executor_quorum import Boards, QuorumExecutor
+from .executor_quorum import QuorumExecutor
 from .fanout_quorum import Entry, Plan, T, merge
 from .pubsub import Waiter
+from .pubsub_quorum import Boards
 
 __all__ = ["AsyncQuorumPort", "AsyncQuorumDispatcher"]
 
@@ -227,7 +228,7 @@ def _opener(proxy: Any, i: int) -> Any:
 
 
 class AsyncQuorumDispatcher(Boards):
-    """``_executor_quorum.QuorumDispatcher`` for one event loop: an ``AsyncDispatcher`` per
+    """``pubsub_quorum.QuorumDispatcher`` for one event loop: an ``AsyncDispatcher`` per
     master, a waiter in each, sharing the first one's event."""
 
     def __init__(self, openers: List[Any]) -> None:
