@@ -1,9 +1,9 @@
 """The asyncio shell's port on a ``redis.asyncio.RedisCluster``.
 
-The same port as on one server (``_asession.AsyncPort``), routed as the blocking Cluster
-executor routes (``_executor_cluster``):
+The same port as on one server (``aport.AsyncPort``), routed as the blocking Cluster
+executor routes (``executor_cluster``):
 
-- ``core`` is the blocking Cluster session of a twin ``redis.RedisCluster`` with the same nodes
+- ``session`` is the blocking Cluster session of a twin ``redis.RedisCluster`` with the same nodes
   and connection settings: its watchdog thread renews the holds, grouped by node.
 - A script goes as one EVALSHA to the master of its slot, on a connection of that node, with
   no retries. MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT and a node that cannot be connected

@@ -1,7 +1,7 @@
 """The Cluster executor: the executor's methods on a ``redis.RedisCluster``.
 
 Every key of a primitive shares one hash tag, so each script has one slot, and one master
-serves it. The same three kinds of traffic as on one server (``_executor``), routed:
+serves it. The same three kinds of traffic as on one server (``executor``), routed:
 
 - ``run``: one EVALSHA on the master of the keys' slot, by the direct path on that node's own
   connection pool (no retries). Redirections mean the script did not run, so they are
@@ -19,8 +19,8 @@ serves it. The same three kinds of traffic as on one server (``_executor``), rou
 - ``batch`` / ``renewal_batch``: entries grouped by the master of their slot, one pipeline per
   node, so the watchdog renews 1,000 holds on 3 masters in 3 round trips. An entry answered
   with MOVED or ASK is sent again to its new owner (batched entries are safe to repeat). The
-  watchdog's pipelines go through a private twin of each node's client (``_clients.renewer``).
-- ``dispatcher``: one pub/sub connection per node that has waiters (``_pubsub_cluster``); the
+  watchdog's pipelines go through a private twin of each node's client (``clients.renewer``).
+- ``dispatcher``: one pub/sub connection per node that has waiters (``pubsub_cluster``); the
   scripts announce releases with SPUBLISH (sharded pub/sub, Redis 7.0+), or PUBLISH on older
   servers.
 
@@ -206,7 +206,7 @@ def _has_sharded_pubsub(client: Any) -> bool:
 def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool, Optional[Tuple[Any, ...]]], Any]:
     """Send one command on a connection of ``pool`` (one node), never retrying; raise
     ``NotSent`` when no connection could be opened. ``then``: a command sent behind it in
-    the same write (a grant's WAIT): both replies are returned (``_executor.read_pair``)."""
+    the same write (a grant's WAIT): both replies are returned (``executor.read_pair``)."""
     take = taker(pool)
     give_back = pool.release
     pack = packer(pool.get_encoder())

@@ -1,11 +1,11 @@
 """The Redlock executor: a lock on a quorum of independent masters (``client=[c1, ..., cN]``).
 
-Picked by ``distlock._redis.executor_for`` for a ``_quorum.Quorum`` (what a list of masters given to
+Picked by ``distlock._redis.executor_for`` for a ``_core.quorum.Quorum`` (what a list of masters given to
 DistLock or DistRLock becomes). Behind the executor's methods the lock's flows are unchanged:
 they run ``lock_acquire``, ``lock_release`` and ``lock_unwait`` and renew with ``lock_renew``,
 as on one server, and this executor sends each to every master *at once* and folds the
 replies into the one reply a single server would have given (the arithmetic is in
-``_quorum``, without I/O):
+``_core.quorum``, without I/O):
 
 - **Concurrently, without a thread per try.** ``fanout`` (``fanout_quorum.FanOut``) takes a
   connection to every master, writes each its whole packed command (the EVALSHA, behind an
@@ -28,13 +28,13 @@ replies into the one reply a single server would have given (the arithmetic is i
   lost now; too few answered to tell: an error, and the hold is lost when its validity ends.
 - **Delayed restarts.** Every new connection to a master reads ``INFO server`` in front of its
   first command (no extra round trip). A master whose uptime is less than a try's lease
-  does not vote in that try (``_quorum.sits_out``); a grant it made anyway is undone. A new
+  does not vote in that try (``_core.quorum.sits_out``); a grant it made anyway is undone. A new
   ``run_id`` (a restart) also means its scripts must be loaded again.
 - **Waiters** join every master's channel: one dispatcher per master
   (``pubsub_quorum.QuorumDispatcher``), whose hints all wake the same waiter.
 
 Each master (``fanout_quorum.Master``) is reached through a private twin of its client
-(``_clients.renewer``): a pool of its own, timeouts of at most ``REPLY_CAP``, no hidden
+(``clients.renewer``): a pool of its own, timeouts of at most ``REPLY_CAP``, no hidden
 retries; the user's clients are not kept.
 """
 
@@ -336,7 +336,7 @@ class QuorumExecutor(FanOut, Executor):
 class QuorumBatch(Batch):
     """The watchdog's renewals of Redlock holds: each goes to every master that still has the
     hold, all masters at once (``QuorumExecutor.fanout``); one reply per hold, folded by
-    ``_quorum.tally_renew``."""
+    ``_core.quorum.tally_renew``."""
 
     __slots__ = ("_executor", "_entries")
 

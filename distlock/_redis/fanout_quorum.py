@@ -2,7 +2,7 @@
 that drive it.
 
 - ``Master``: one master of the quorum, reached through a private twin of its client
-  (``_clients.renewer``: a pool of its own, timeouts of at most ``REPLY_CAP``, no hidden
+  (``clients.renewer``: a pool of its own, timeouts of at most ``REPLY_CAP``, no hidden
   retries), and what is known of its server (its run id, since when it is up, the scripts in
   its cache, whether it could be reached a moment ago).
 - ``FanOut``, what ``QuorumExecutor`` does with its masters: ``fanout`` takes a connection to

@@ -110,7 +110,7 @@ class Boards:
 
 
 class QuorumDispatcher(Boards):
-    """The session's dispatcher on a quorum: ``_pubsub.Dispatcher``'s methods over one
+    """The session's dispatcher on a quorum: ``pubsub.Dispatcher``'s methods over one
     dispatcher per master (each with its pub/sub connection and thread, as a cluster has one
     per node)."""
 
