@@ -1,14 +1,15 @@
 """The asyncio shell's port on a ``redis.asyncio.RedisCluster``.
 
-The same port as on one server (``_asession.AsyncPort``), routed as the blocking Cluster
-executor routes (``_executor_cluster``):
+The same port as on one server (``aport.AsyncPort``), routed as the blocking Cluster
+executor routes (``executor_cluster``):
 
-- ``core`` is the blocking Cluster session of a twin ``redis.RedisCluster`` with the same nodes
+- ``session`` is the blocking Cluster session of a twin ``redis.RedisCluster`` with the same nodes
   and connection settings: its watchdog thread renews the holds, grouped by node.
 - A script goes as one EVALSHA to the master of its slot, on a connection of that node, with
   no retries. MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT and a node that cannot be connected
-  to (nothing was sent) are followed within the executor's bounds; a connection that fails
-  after the send raises: the script is never sent twice.
+  to (nothing was sent) are followed as ``redirects.follow`` decides, the same plan and bounds
+  as the blocking executor's, carried out here with awaits; a connection that fails after the
+  send raises: the script is never sent twice.
 - Reads go through the client, which routes them by key.
 - Waiters wait in an ``AsyncClusterDispatcher``: one pub/sub connection (SSUBSCRIBE) and one
   reader task per node with waiters, on a small ``redis.asyncio.Redis`` per node that the port
@@ -23,12 +24,12 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import redis
 import redis.asyncio as aredis
-from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import AskError, MovedError
 
 from .aport import AsyncPort, _parameters, aread_pair
 from .executor import packer
-from .executor_cluster import _FIRST_PAUSE, REDIRECT_BOUND, REDIRECTS
 from .pubsub_cluster import AsyncClusterDispatcher
+from .redirects import ASK, MOVED, REDIRECT_BOUND, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow
 
 __all__ = ["AsyncClusterPort", "cluster_twin"]
 
@@ -90,6 +91,11 @@ class AsyncClusterPort(AsyncPort):
         else:  # older redis-py: applied at the next lookup
             manager._moved_exception = exc
 
+    def asked(self, exc: AskError) -> Any:
+        """The node an ASK reply names (a lookup: nothing is sent)."""
+        return self._nodes().get_node(host=exc.host, port=exc.port) or \
+            aredis.cluster.ClusterNode(exc.host, exc.port, **self._client.get_connection_kwargs())
+
     async def _refresh(self) -> None:
         try:
             await self._bounded(self._nodes().initialize(), self._connect_bound or REDIRECT_BOUND)
@@ -112,43 +118,35 @@ class AsyncClusterPort(AsyncPort):
         pair = then is not None
         if then is not None:  # a grant's WAIT, on the same connection of the slot's master
             packed = [packed[0] + self._pack(then)[0]]
-        asking: Any = None
-        pause = _FIRST_PAUSE
-        give_up = time.monotonic() + REDIRECT_BOUND
-        error: BaseException = RuntimeError("no try")
-        for attempt in range(REDIRECTS):
-            node = asking if asking is not None else self.master(slot)
-            try:
-                return await self._on_node(node, self._asking + packed if asking is not None else packed,
-                                           asking is not None, pair)
-            except _NotSent as exc:
-                error = exc.__cause__ or exc
+        started = time.monotonic()
+        node = self.master(slot)
+        try:
+            return await self._on_node(node, packed, False, pair)
+        except REDIRECTED as exc:
+            plan = follow(slot, node, exc, started, self.master, self.asked)
+        # redirected (the script did not run): the plan decides, this carries it out
+        kind, what = next(plan)
+        while True:
+            if kind is SEND or kind is ASK:
+                try:
+                    return await self._on_node(what, self._asking + packed if kind is ASK else packed,
+                                               kind is ASK, pair)
+                except REDIRECTED as exc:
+                    outcome = exc
+                kind, what = plan.send(outcome)
+                continue
+            if kind is SLEEP:
+                await asyncio.sleep(what)
+            elif kind is MOVED:
+                await self.amoved(what)
+            elif kind is REFRESH:
                 await self._refresh()
-                if self.master(slot).name == node.name:
-                    break  # still the slot's master as far as the cluster knows: no failover yet
-            except MovedError as exc:
-                error, asking = exc, None
-                await self.amoved(exc)
-                continue
-            except AskError as exc:
-                error = exc
-                asking = self._nodes().get_node(host=exc.host, port=exc.port) or \
-                    aredis.cluster.ClusterNode(exc.host, exc.port, **self._client.get_connection_kwargs())
-                continue
-            except (TryAgainError, ClusterDownError) as exc:
-                error, asking = exc, None
-            except NoScriptError as exc:
-                error = exc
-                await self._on_node(node, self._pack(("SCRIPT", "LOAD", script.script)), False)
-                continue
-            if attempt + 1 >= REDIRECTS or time.monotonic() + pause > give_up:
-                break
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.2)
-        raise error
+            else:  # LOAD
+                await self._on_node(what, self._pack(("SCRIPT", "LOAD", script.script)), False)
+            kind, what = next(plan)
 
     async def _on_node(self, node: Any, packed: Any, asking: bool, pair: bool = False) -> Any:
-        """One exchange on a connection of ``node``; ``_NotSent`` when none could be opened.
+        """One exchange on a connection of ``node``; ``NotSent`` when none could be opened.
         ``pair``: two commands were packed, and both replies are returned."""
         conn = node.acquire_connection()
         try:
@@ -156,7 +154,7 @@ class AsyncClusterPort(AsyncPort):
                 await self._bounded(conn.connect(), self._connect_bound)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             node.release(conn)
-            raise _NotSent() from exc
+            raise NotSent() from exc
         except BaseException:
             node.release(conn)
             raise
@@ -177,6 +175,3 @@ class AsyncClusterPort(AsyncPort):
         finally:
             node.release(conn)
 
-
-class _NotSent(Exception):
-    """No connection to the node could be opened: nothing was sent."""

@@ -1,10 +1,10 @@
 """The asyncio shell's port on a Redlock quorum (``distlock.asyncio.DistLock(name, client=[...])``
 with ``redis.asyncio.Redis`` masters).
 
-The same port as on one server (``_asession.AsyncPort``), with the Redlock executor's rules
-(``_executor_quorum``):
+The same port as on one server (``aport.AsyncPort``), with the Redlock executor's rules
+(``executor_quorum``):
 
-- ``core`` is the blocking Redlock session of a quorum of blocking twins of the masters: its
+- ``session`` is the blocking Redlock session of a quorum of blocking twins of the masters: its
   executor keeps what is known of each master (since when it is up, its scripts, whether it
   could be reached) and each hold's per-master tokens, and its watchdog thread renews the
   holds on the masters, as for the blocking classes.
@@ -13,10 +13,10 @@ The same port as on one server (``_asession.AsyncPort``), with the Redlock execu
   then every reply is read, concurrently, against one deadline, and a master that did not
   answer gets the undo written behind the try on the same connection. What to write, what a
   reply teaches and what to send again are the executor's steps (``prepare``, ``absorb``,
-  ``reloads``): one copy of the rules for both shells.
+  ``reloads``, from ``fanout_quorum.FanOut``): one copy of the rules for both shells.
 - Waiters wait in an ``AsyncQuorumDispatcher``: one ``AsyncDispatcher`` (a pub/sub connection
   and a reader task) per master, a waiter in each, all sharing one event: a hint from any
-  master wakes it.
+  master wakes it (what it shares with the blocking one: ``pubsub_quorum.Boards``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from .._core.quorum import REPLY_CAP, made
 from .aport import AsyncPort, blocking_twin
 from .apubsub import AsyncDispatcher
 from .executor import NOSCRIPT_TRIES, located, packer, taker
-from .executor_quorum import Boards, Entry, Plan, QuorumExecutor, T, merge
+from .executor_quorum import QuorumExecutor
+from .fanout_quorum import Entry, Plan, T, merge
 from .pubsub import Waiter
+from .pubsub_quorum import Boards
 
 __all__ = ["AsyncQuorumPort", "AsyncQuorumDispatcher"]
 
@@ -227,7 +229,7 @@ def _opener(proxy: Any, i: int) -> Any:
 
 
 class AsyncQuorumDispatcher(Boards):
-    """``_executor_quorum.QuorumDispatcher`` for one event loop: an ``AsyncDispatcher`` per
+    """``pubsub_quorum.QuorumDispatcher`` for one event loop: an ``AsyncDispatcher`` per
     master, a waiter in each, sharing the first one's event."""
 
     def __init__(self, openers: List[Any]) -> None:

@@ -1,7 +1,7 @@
 """The Cluster executor: the executor's methods on a ``redis.RedisCluster``.
 
 Every key of a primitive shares one hash tag, so each script has one slot, and one master
-serves it. The same three kinds of traffic as on one server (``_executor``), routed:
+serves it. The same three kinds of traffic as on one server (``executor``), routed:
 
 - ``run``: one EVALSHA on the master of the keys' slot, by the direct path on that node's own
   connection pool (no retries). Redirections mean the script did not run, so they are
@@ -9,17 +9,18 @@ serves it. The same three kinds of traffic as on one server (``_executor``), rou
   importing node; TRYAGAIN and CLUSTERDOWN pause briefly and send again; NOSCRIPT loads the
   script on that node. A connection that cannot be *opened* (nothing was sent: the node died)
   refreshes the slot map and tries the slot's master again. All of that is bounded
-  (``REDIRECTS`` tries within ``REDIRECT_BOUND`` seconds). A connection that fails *after*
-  the send raises: the reply was lost and the script may have run, so it is never re-sent
-  (docs/design.rst, principle 13). redis-py's ``RedisCluster.execute_command`` would re-send it on a
-  connection error, which is why scripts never go through it.
+  (``REDIRECTS`` tries within ``REDIRECT_BOUND`` seconds), and decided once for both shells
+  by ``redirects.follow``: ``_send`` only carries out its steps. A connection that fails
+  *after* the send raises: the reply was lost and the script may have run, so it is never
+  re-sent (docs/design.rst, principle 13). redis-py's ``RedisCluster.execute_command`` would re-send it
+  on a connection error, which is why scripts never go through it.
 - ``read``: a command that is safe to repeat goes through the client: redis-py routes it by
   its key and follows redirections.
 - ``batch`` / ``renewal_batch``: entries grouped by the master of their slot, one pipeline per
   node, so the watchdog renews 1,000 holds on 3 masters in 3 round trips. An entry answered
   with MOVED or ASK is sent again to its new owner (batched entries are safe to repeat). The
-  watchdog's pipelines go through a private twin of each node's client (``_clients.renewer``).
-- ``dispatcher``: one pub/sub connection per node that has waiters (``_pubsub_cluster``); the
+  watchdog's pipelines go through a private twin of each node's client (``clients.renewer``).
+- ``dispatcher``: one pub/sub connection per node that has waiters (``pubsub_cluster``); the
   scripts announce releases with SPUBLISH (sharded pub/sub, Redis 7.0+), or PUBLISH on older
   servers.
 
@@ -36,35 +37,21 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from .._core.settings import settings
 from .clients import renewer
 from .executor import Batch, Executor, disconnect_quietly, located, packer, read_pair, taker
+from .redirects import ASK, FIRST_PAUSE, MOVED, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow
 from .scripts import script_names, script_source
 
-__all__ = ["ClusterExecutor", "ClusterBatch", "REDIRECTS", "REDIRECT_BOUND"]
-
-#: How many times one script is sent again after a redirection or a node it could not reach.
-REDIRECTS = 16
-
-#: How long (seconds) one script keeps following redirections (and a slot that moved off a
-#: node that cannot be reached): a failover takes longer than that, and the caller learns of
-#: it as an error at once instead of waiting past its own bound. A node that cannot be reached
-#: and is still its slot's master after the slot map is read again is an error at once.
-REDIRECT_BOUND = 0.5
-
-_FIRST_PAUSE = 0.01
+__all__ = ["ClusterExecutor", "ClusterBatch"]
 
 #: connection settings of a cluster's node pools that refer back to the RedisCluster
 _BACK_REFERENCES = ("redis_connect_func", "oss_cluster_maint_notifications_handler")
 
 #: How many rounds one batch makes at most: the first, then those of entries redirected.
 _BATCH_ROUNDS = 4
-
-
-class _NotSent(Exception):
-    """A connection to a node could not be opened: nothing was sent."""
 
 
 def sharded_source(name: str, sharded: bool) -> str:
@@ -124,6 +111,11 @@ class ClusterExecutor(Executor):
             send = pool._distlock_send = _node_sender(pool)
         return send
 
+    def asked(self, exc: AskError) -> Any:
+        """The node an ASK reply names (a lookup: nothing is sent)."""
+        return self.client.nodes_manager.get_node(host=exc.host, port=exc.port) or \
+            redis.cluster.ClusterNode(exc.host, exc.port)  # type: ignore[no-untyped-call]
+
     # --- the three kinds of traffic ---------------------------------------------------------
 
     def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
@@ -132,39 +124,31 @@ class ClusterExecutor(Executor):
             raise ValueError(f"distlock: script {name} has no key to route it by")
         slot = self.slot_of(keys[0])
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        asking: Any = None
-        pause = _FIRST_PAUSE
-        give_up = time.monotonic() + REDIRECT_BOUND
-        for attempt in range(REDIRECTS):
-            node = asking if asking is not None else self.master(slot)
-            try:
-                return self._sender(node)(command, asking is not None, then)
-            except _NotSent as exc:
-                error: BaseException = exc.__cause__ or exc
+        started = time.monotonic()
+        node = self.master(slot)
+        try:
+            return self._sender(node)(command, False, then)
+        except REDIRECTED as exc:
+            plan = follow(slot, node, exc, started, self.master, self.asked)
+        # redirected (the script did not run): the plan decides, this carries it out
+        kind, what = next(plan)
+        while True:
+            if kind is SEND or kind is ASK:
+                try:
+                    return self._sender(what)(command, kind is ASK, then)
+                except REDIRECTED as exc:
+                    outcome = exc
+                kind, what = plan.send(outcome)
+                continue
+            if kind is SLEEP:
+                time.sleep(what)
+            elif kind is MOVED:
+                self.moved(what)
+            elif kind is REFRESH:
                 self.refresh()
-                if self.master(slot).name == node.name:
-                    break  # still the slot's master as far as the cluster knows: no failover yet
-            except MovedError as exc:
-                error, asking = exc, None
-                self.moved(exc)
-                continue  # no pause: the new owner is known
-            except AskError as exc:
-                error = exc
-                asking = self.client.nodes_manager.get_node(host=exc.host, port=exc.port) or \
-                    redis.cluster.ClusterNode(exc.host, exc.port)  # type: ignore[no-untyped-call]
-                continue
-            except (TryAgainError, ClusterDownError) as exc:
-                error, asking = exc, None
-            except NoScriptError as exc:
-                error = exc
-                script_client = self.node_client(node)
-                script_client.script_load(script.script)
-                continue
-            if attempt + 1 >= REDIRECTS or time.monotonic() + pause > give_up:
-                break
-            time.sleep(pause)
-            pause = min(pause * 2, 0.2)
-        raise error
+            else:  # LOAD
+                self.node_client(what).script_load(script.script)
+            kind, what = next(plan)
 
     def read(self, *command: Any) -> Any:
         return self.client.execute_command(*command)
@@ -221,8 +205,8 @@ def _has_sharded_pubsub(client: Any) -> bool:
 
 def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool, Optional[Tuple[Any, ...]]], Any]:
     """Send one command on a connection of ``pool`` (one node), never retrying; raise
-    ``_NotSent`` when no connection could be opened. ``then``: a command sent behind it in
-    the same write (a grant's WAIT): both replies are returned (``_executor.read_pair``)."""
+    ``NotSent`` when no connection could be opened. ``then``: a command sent behind it in
+    the same write (a grant's WAIT): both replies are returned (``executor.read_pair``)."""
     take = taker(pool)
     give_back = pool.release
     pack = packer(pool.get_encoder())
@@ -235,7 +219,7 @@ def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool, Optional[Tuple[A
         try:
             conn = take()
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-            raise _NotSent() from exc
+            raise NotSent() from exc
         try:
             if ask:
                 conn.send_packed_command(asking + packed)
@@ -309,7 +293,7 @@ class ClusterBatch(Batch):
                         todo.append(i)  # a slot being migrated, or a node that lost its scripts
             if not todo:
                 break
-            time.sleep(_FIRST_PAUSE * (round_ + 1))
+            time.sleep(FIRST_PAUSE * (round_ + 1))
         if raise_on_error:
             for reply in replies:
                 if isinstance(reply, Exception):

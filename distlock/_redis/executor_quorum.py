@@ -1,16 +1,18 @@
 """The Redlock executor: a lock on a quorum of independent masters (``client=[c1, ..., cN]``).
 
-Picked by ``distlock._redis.executor_for`` for a ``_quorum.Quorum`` (what a list of masters given to
+Picked by ``distlock._redis.executor_for`` for a ``_core.quorum.Quorum`` (what a list of masters given to
 DistLock or DistRLock becomes). Behind the executor's methods the lock's flows are unchanged:
 they run ``lock_acquire``, ``lock_release`` and ``lock_unwait`` and renew with ``lock_renew``,
 as on one server, and this executor sends each to every master *at once* and folds the
 replies into the one reply a single server would have given (the arithmetic is in
-``_quorum``, without I/O):
+``_core.quorum``, without I/O):
 
-- **Concurrently, without a thread per try.** ``fanout`` takes a connection to every master,
-  writes each its whole packed command (the EVALSHA, behind an ``INFO server`` and the
-  SCRIPT LOADs a new connection needs), and only then reads the replies, waiting for all of
-  them until one deadline. N masters cost about one round trip, not N.
+- **Concurrently, without a thread per try.** ``fanout`` (``fanout_quorum.FanOut``) takes a
+  connection to every master, writes each its whole packed command (the EVALSHA, behind an
+  ``INFO server`` and the SCRIPT LOADs a new connection needs), and only then reads the
+  replies, waiting for all of them until one deadline. N masters cost about one round trip,
+  not N. Each operation is a *plan* (``plan``, ``read_plan``): a generator that yields the
+  fan-outs it needs, driven by ``drive`` here and by the asyncio port (``aport_quorum``).
 - **A grant** needs N//2+1 masters that granted, and a validity, lease - elapsed - drift,
   above zero. Its token (``Hold.token``) is the largest of the quorum's tokens; each master's
   own is kept here (``_Part``), and its releases, renewals and re-entries are sent with it.
@@ -26,13 +28,14 @@ replies into the one reply a single server would have given (the arithmetic is i
   lost now; too few answered to tell: an error, and the hold is lost when its validity ends.
 - **Delayed restarts.** Every new connection to a master reads ``INFO server`` in front of its
   first command (no extra round trip). A master whose uptime is less than a try's lease
-  does not vote in that try (``_quorum.sits_out``); a grant it made anyway is undone. A new
+  does not vote in that try (``_core.quorum.sits_out``); a grant it made anyway is undone. A new
   ``run_id`` (a restart) also means its scripts must be loaded again.
-- **Waiters** join every master's channel: one dispatcher per master (``QuorumDispatcher``),
-  whose hints all wake the same waiter.
+- **Waiters** join every master's channel: one dispatcher per master
+  (``pubsub_quorum.QuorumDispatcher``), whose hints all wake the same waiter.
 
-Each master is reached through a private twin of its client (``_clients.renewer``): a pool of
-its own, timeouts of at most ``REPLY_CAP``, no hidden retries; the user's clients are not kept.
+Each master (``fanout_quorum.Master``) is reached through a private twin of its client
+(``clients.renewer``): a pool of its own, timeouts of at most ``REPLY_CAP``, no hidden
+retries; the user's clients are not kept.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Callable, Dict, Generator, List, Optional, Set, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
@@ -50,7 +53,6 @@ from .._core.quorum import (
     REPLY_CAP,
     busy_reply,
     drift,
-    parse_info,
     quorum,
     reply_bound,
     sits_out,
@@ -60,61 +62,11 @@ from .._core.quorum import (
     validity,
 )
 from .._core.settings import settings
-from .clients import renewer
-from .executor import NOSCRIPT_TRIES, Batch, Executor, disconnect_quietly, packer, taker
-from .pubsub import Board, Dispatcher, Waiter
+from .executor import Batch, Executor, disconnect_quietly
+from .fanout_quorum import Entry, FanOut, Master, Plan
+from .pubsub_quorum import QuorumDispatcher
 
-__all__ = ["QuorumExecutor", "QuorumBatch", "QuorumDispatcher"]
-
-#: How long (seconds) a master that could not be reached (no connection) is left out of the
-#: fan-outs before it is tried again: a host that is down costs one connect timeout per pause,
-#: not one per try.
-DOWN_PAUSE = 1.0
-
-#: One entry of a fan-out: (script name, keys, args), or ('', the command, ()).
-Entry = Tuple[str, Tuple[Any, ...], Tuple[Any, ...]]
-
-T = TypeVar("T")
-
-#: A plan (see ``QuorumExecutor.plan``): yields (jobs, deadline, undo), is sent fanout's result.
-Plan = Generator[Tuple[Dict[int, List[Entry]], float, Optional[Entry]], Dict[int, Any], T]
-
-
-class _Master:
-    """One master: a private twin of its client, and what is known of its server."""
-
-    def __init__(self, index: int, client: Any) -> None:
-        self.index = index
-        twin = renewer(client, REPLY_CAP)
-        if twin is None:
-            raise TypeError(f"client[{index}] must be a redis.Redis on redis-py's own connection pool")
-        self.twin = twin
-        pool = twin.connection_pool
-        kwargs = pool.connection_kwargs
-        self.name = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
-        self.take = taker(pool)
-        self.give_back = pool.release
-        self.pack = packer(pool.get_encoder())
-        self.lock = threading.Lock()
-        self.run_id: Optional[str] = None
-        #: when the server started (monotonic, as best known from its uptime); None: unknown
-        self.started_at: Optional[float] = None
-        #: the scripts known to be in its script cache
-        self.loaded: Set[str] = set()
-        #: a master that could not be reached is not tried again before then (monotonic),
-        #: and this is every try's answer meanwhile
-        self.down_until = 0.0
-        self.down: BaseException = redis.exceptions.ConnectionError("not reached")
-
-    def learn(self, info: Any, at: float) -> None:
-        """What a new connection's ``INFO server`` says: its run id and since when it is up."""
-        run_id, uptime = parse_info(info)
-        with self.lock:
-            if run_id != self.run_id:
-                self.loaded.clear()  # a restarted server has an empty script cache
-                self.run_id = run_id
-            if uptime is not None:
-                self.started_at = at - uptime
+__all__ = ["QuorumExecutor", "QuorumBatch"]
 
 
 class _Part:
@@ -138,12 +90,12 @@ class _Part:
 _SAT_OUT = QuorumError("up for less than one lease: does not vote yet")
 
 
-class QuorumExecutor(Executor):
+class QuorumExecutor(FanOut, Executor):
     """Runs the lock's scripts on a quorum of independent masters (see the module's docstring)."""
 
     def __init__(self, client: Any, real: Any = None) -> None:
         group = client if real is None else real
-        self.masters = [_Master(i, c) for i, c in enumerate(group.masters)]
+        self.masters = [Master(i, c) for i, c in enumerate(group.masters)]
         # the scripts (their text and SHA) are bound to the first master's twin; every master
         # is sent them by ``fanout``, which never goes through the base class' paths
         super().__init__(self.masters[0].twin)
@@ -159,177 +111,11 @@ class QuorumExecutor(Executor):
         """How much earlier than a single server's a hold's deadline is: the drift."""
         return drift(lease_ms / 1000.0, settings().redlock_drift)
 
-    # --- the fan-out --------------------------------------------------------------------------
-
-    def fanout(self, jobs: Dict[int, List[Entry]], deadline: float,
-               undo: Optional[Entry] = None) -> Dict[int, Any]:
-        """Send each master its entries at once; per master, the list of its replies (an
-        error reply in place), or the exception that stopped it (it could not be reached, or
-        did not answer by ``deadline``: what it was sent may or may not have run). An entry
-        answered NOSCRIPT did not run: it is sent again with its script.
-
-        ``undo``: a script that undoes what was sent, written (as EVAL) on the very connection
-        of a master that did not answer by ``deadline``, behind what it was sent, before that
-        connection is given up: a server runs one connection's commands in order, so however
-        late the master runs the try, the undo runs after it (a new connection could overtake
-        it). Its ``TimeoutError`` then has ``undone`` set."""
-        out = self._round(jobs, deadline, undo)
-        for _ in range(NOSCRIPT_TRIES):
-            again, where = self.reloads(jobs, out)
-            if not again:
-                break
-            merge(out, where, self._round(again, deadline, undo))
-        return out
-
-    # --- what both shells' fan-outs share (the asyncio one: ``_asession_quorum``) -------------
-
-    def reloads(self, jobs: Dict[int, List[Entry]], out: Dict[int, Any]) -> Tuple[Dict[int, List[Entry]],
-                                                                                  Dict[int, List[int]]]:
-        """The entries answered NOSCRIPT (they did not run: sent again, with their script),
-        per master, and where their replies go."""
-        again: Dict[int, List[Entry]] = {}
-        where: Dict[int, List[int]] = {}
-        for i, replies in out.items():
-            if isinstance(replies, BaseException):
-                continue
-            for k, reply in enumerate(replies):
-                if isinstance(reply, redis.exceptions.NoScriptError):
-                    self.masters[i].loaded.discard(jobs[i][k][0])
-                    again.setdefault(i, []).append(jobs[i][k])
-                    where.setdefault(i, []).append(k)
-        return again, where
-
-    def skipped(self, master: _Master) -> Optional[BaseException]:
-        """The answer of a master that could not be reached a moment ago (not tried again
-        before ``DOWN_PAUSE`` has passed), else None."""
-        return master.down if master.down_until > time.monotonic() else None
-
-    @staticmethod
-    def unreached(master: _Master, exc: BaseException) -> BaseException:
-        """A connection to ``master`` could not be opened: nothing was sent; leave it alone for
-        ``DOWN_PAUSE``."""
-        exc.unsent = True  # type: ignore[attr-defined]
-        master.down, master.down_until = exc, time.monotonic() + DOWN_PAUSE
-        return exc
-
-    def prepare(self, master: _Master, entries: List[Entry],
-                fresh: bool) -> Tuple[List[Tuple[str, str]], bytes]:
-        """What to write to ``master`` for ``entries``: on a ``fresh`` connection, first who
-        the server is (INFO) and every script its entries run (its cache may be empty), else
-        the scripts not known to be loaded; then the entries. Returns that prefix and the
-        packed bytes."""
-        prefix: List[Tuple[str, str]] = [("info", "")] if fresh else []
-        names = {name for name, _, _ in entries if name}
-        prefix += [("load", name) for name in sorted(names if fresh else names - master.loaded)]
-        commands: List[Tuple[Any, ...]] = []
-        for kind, name in prefix:
-            commands.append(("INFO", "server") if kind == "info" else
-                            ("SCRIPT", "LOAD", self.scripts[name].script))
-        for name, keys, args in entries:
-            if name:
-                commands.append(("EVALSHA", self.scripts[name].sha, len(keys), *keys, *args))
-            else:
-                commands.append(keys)
-        return prefix, b"".join(master.pack(c)[0] for c in commands)
-
-    @staticmethod
-    def absorb(master: _Master, prefix: List[Tuple[str, str]], replies: List[Any]) -> Tuple[List[Any], bool]:
-        """Learn from the prefix's replies (who the server is, the scripts now loaded); return
-        the entries' replies and whether the server was identified (the connection is then
-        known)."""
-        at = time.monotonic()
-        known = False
-        for (kind, name), reply in zip(prefix, replies):
-            if isinstance(reply, BaseException):
-                continue
-            if kind == "info":
-                master.learn(reply, at)
-                known = True
-            else:
-                master.loaded.add(name)
-        return replies[len(prefix):], known
-
-    def behind(self, master: _Master, entry: Entry) -> List[bytes]:
-        """``entry`` packed as EVAL (no script cache needed), to write behind a try."""
-        name, keys, args = entry
-        return master.pack(("EVAL", self.scripts[name].script, len(keys), *keys, *args))
-
-    # --- the blocking fan-out -----------------------------------------------------------------
-
-    def _round(self, jobs: Dict[int, List[Entry]], deadline: float,
-               undo: Optional[Entry] = None) -> Dict[int, Any]:
-        out: Dict[int, Any] = {}
-        sent: List[Tuple[_Master, Any, List[Tuple[str, str]], int]] = []
-        for i, entries in jobs.items():
-            master = self.masters[i]
-            skip = self.skipped(master)
-            if not entries or skip is not None:
-                out[i] = skip if skip is not None else []
-                continue
-            try:
-                conn = master.take()
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-                out[i] = self.unreached(master, exc)
-                continue
-            fresh = getattr(conn, "_distlock_sock", None) is not conn._sock
-            prefix, packed = self.prepare(master, entries, fresh)
-            try:
-                conn.send_packed_command([packed])
-            except BaseException as exc:
-                conn.disconnect()
-                master.give_back(conn)
-                if not isinstance(exc, Exception):
-                    raise
-                exc.unsent = True  # type: ignore[attr-defined]  # not all of it: the last command is incomplete
-                out[i] = exc
-                continue
-            sent.append((master, conn, prefix, len(entries)))
-        for master, conn, prefix, count in sent:
-            try:
-                replies = self._read(conn, len(prefix) + count, deadline)
-            except BaseException as exc:
-                if undo is not None and isinstance(exc, redis.exceptions.TimeoutError):
-                    exc.undone = self._send_behind(master, conn, undo)  # type: ignore[attr-defined]
-                conn.disconnect()  # a reply may still be on its way: the connection is unusable
-                master.give_back(conn)
-                if not isinstance(exc, Exception):
-                    raise
-                out[master.index] = exc
-                continue
-            master.give_back(conn)
-            out[master.index], known = self.absorb(master, prefix, replies)
-            if known:
-                conn._distlock_sock = conn._sock
-        return out
-
-    def _send_behind(self, master: _Master, conn: Any, entry: Entry) -> bool:
-        """Write ``entry`` behind what ``conn`` was sent, not reading its reply; True when it
-        was written."""
-        try:
-            conn.send_packed_command(self.behind(master, entry))
-        except Exception:  # noqa: BLE001 - the connection broke: the server has what it got
-            return False
-        return True
-
-    @staticmethod
-    def _read(conn: Any, count: int, deadline: float) -> List[Any]:
-        replies: List[Any] = []
-        for _ in range(count):
-            if not conn.can_read(timeout=max(0.0, deadline - time.monotonic())):
-                raise redis.exceptions.TimeoutError("no reply in time")
-            try:
-                replies.append(conn.read_response())
-            except redis.exceptions.ResponseError as exc:
-                replies.append(exc)  # the whole reply was read: the connection is clean
-        return replies
-
-    # --- scripts: each operation is a *plan* --------------------------------------------------
+    # --- scripts: each operation is a *plan* (see ``fanout_quorum``) ---------------------------
     #
-    # A plan is a generator that decides everything and yields each fan-out it needs as
-    # ``(jobs, deadline, undo)``, then is sent what ``fanout`` returned (or thrown its error):
-    # ``_send`` drives it with the blocking ``fanout``; the asyncio port
-    # (``_asession_quorum``) drives the same plan with its own, so the quorum's rules have
-    # one copy.
+    # Each plan decides everything and yields the fan-outs it needs: ``_send`` drives it with
+    # the blocking ``fanout``; the asyncio port (``aport_quorum``) drives the same plan with
+    # its own, so the quorum's rules have one copy.
 
     def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
               tail: Optional[Tuple[Any, ...]] = None) -> Any:
@@ -338,20 +124,6 @@ class QuorumExecutor(Executor):
             # quorum's masters are independent, with no replicas to wait for
             raise TypeError("min_replicas does not apply to a Redlock quorum (a list of masters)")
         return self.drive(self.plan(name, keys, args))
-
-    def drive(self, plan: Plan[T]) -> T:
-        """Run ``plan`` with the blocking ``fanout``; its result, or its error."""
-        try:
-            request = next(plan)
-            while True:
-                try:
-                    out = self.fanout(*request)
-                except BaseException as exc:  # noqa: BLE001 - the plan decides what it means
-                    request = plan.throw(exc)
-                else:
-                    request = plan.send(out)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
 
     def plan(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[Any]:
         """The plan of script ``name`` (see above)."""
@@ -561,17 +333,10 @@ class QuorumExecutor(Executor):
         return QuorumDispatcher(source, tag, self.masters)
 
 
-def merge(out: Dict[int, Any], where: Dict[int, List[int]], again: Dict[int, Any]) -> None:
-    """Put the replies of entries sent again (``reloads``) in their places in ``out``."""
-    for i, replies in again.items():
-        for k, reply in zip(where[i], replies if isinstance(replies, list) else [replies] * len(where[i])):
-            out[i][k] = reply
-
-
 class QuorumBatch(Batch):
     """The watchdog's renewals of Redlock holds: each goes to every master that still has the
     hold, all masters at once (``QuorumExecutor.fanout``); one reply per hold, folded by
-    ``_quorum.tally_renew``."""
+    ``_core.quorum.tally_renew``."""
 
     __slots__ = ("_executor", "_entries")
 
@@ -635,151 +400,3 @@ class QuorumBatch(Batch):
                 if isinstance(reply, Exception):
                     raise reply
         return replies
-
-
-# --- waiting: one dispatcher per master, every hint wakes the same waiter ----------------------
-
-class _Fan:
-    """One waiter of a Redlock lock: one ``Waiter`` per master's dispatcher, all sharing the
-    first one's event, so that a hint from any master wakes it."""
-
-    __slots__ = ("inner",)
-
-    def __init__(self, inner: List[Waiter]) -> None:
-        self.inner = inner
-
-    @property
-    def named(self) -> bool:
-        return any(w.named for w in self.inner)
-
-    @property
-    def channel(self) -> Any:
-        return self.inner[0].channel
-
-
-class Boards:
-    """What the quorum's dispatchers of both shells share: one dispatcher per master
-    (``_boards``), a waiter in each (a ``_Fan``). Each shell adds ``join`` and ``sleep`` (the
-    only parts that block or await) and ``close``."""
-
-    _boards: List[Any]
-
-    def __init__(self, boards: List[Any]) -> None:
-        self._boards = boards
-        self._required = quorum(len(boards))
-        self.closed = False
-
-    def _wait_bound(self, bound: Optional[float]) -> Optional[float]:
-        """Until when ``join`` waits for a quorum of confirmed subscriptions (as on one server:
-        at most the bound, at most the wait cap); None: it does not wait."""
-        if bound is not None and bound <= 0:
-            return None
-        cap = settings().wait_cap
-        return time.monotonic() + (cap if bound is None else min(bound, cap))
-
-    def _share_event(self, inner: List[Waiter]) -> _Fan:
-        """The waiters of one wait, one per master, woken by the first one's event."""
-        for waiter in inner[1:]:
-            waiter.event = inner[0].event
-        return _Fan(inner)
-
-    def _left(self, fan: _Fan, started: float, head_bound: float, limit: Optional[float]) -> float:
-        """How long ``sleep`` may still wait (<= 0: no more), as ``Dispatcher.sleep``: the bound is
-        that of the first master's queue; 0 once any master hinted."""
-        if any(w.hinted for w in fan.inner):
-            return 0.0
-        return Board._bound(fan.inner[0], head_bound, limit) - (time.monotonic() - started)
-
-    def _take_hint(self, fan: _Fan) -> bool:
-        """Whether any master hinted this wait since the last look (and forget it)."""
-        hinted = False
-        for board, waiter in zip(self._boards, fan.inner):
-            with board.mutex:
-                hinted = hinted or bool(waiter.hinted)
-                waiter.hinted = False
-        fan.inner[0].event.clear()
-        return hinted
-
-    def leave(self, fan: _Fan, acquired: bool) -> bool:
-        last = [board.leave(waiter, acquired) for board, waiter in zip(self._boards, fan.inner)]
-        return bool(last[0])
-
-    def _leave_partial(self, inner: List[Waiter]) -> None:
-        """A join interrupted: leave the masters joined so far."""
-        for board, waiter in zip(self._boards, inner):
-            board.leave(waiter, False)
-
-    def busy(self) -> bool:
-        return any(board.busy() for board in self._boards)
-
-    def wake_all(self) -> None:
-        for board in self._boards:
-            board.wake_all()
-
-    def subscribed(self) -> List[str]:
-        return sorted({name for board in self._boards for name in board.subscribed()})
-
-    def boards(self) -> List[Any]:
-        """For tests: the dispatcher of each master, in the list's order."""
-        return list(self._boards)
-
-
-class QuorumDispatcher(Boards):
-    """The session's dispatcher on a quorum: ``_pubsub.Dispatcher``'s methods over one
-    dispatcher per master (each with its pub/sub connection and thread, as a cluster has one
-    per node)."""
-
-    def __init__(self, source: Callable[[], Any], tag: str, masters: List[_Master]) -> None:
-        super().__init__([_MasterDispatcher(source, i, f"{tag}-{m.name.rpartition(':')[2]}")
-                          for i, m in enumerate(masters)])
-
-    def join(self, channel_name: str, bound: Optional[float], ident: Optional[str] = None) -> _Fan:
-        inner: List[Waiter] = []
-        try:
-            for board in self._boards:
-                inner.append(board.join(channel_name, 0, ident))
-        except BaseException:
-            self._leave_partial(inner)
-            raise
-        fan = self._share_event(inner)
-        deadline = self._wait_bound(bound)
-        if deadline is not None:
-            confirmed = 0
-            for waiter in inner:
-                if waiter.channel.confirmed.wait(max(0.0, deadline - time.monotonic())):
-                    confirmed += 1
-                    if confirmed >= self._required:
-                        break
-        return fan
-
-    def sleep(self, fan: _Fan, head_bound: float, limit: Optional[float] = None) -> bool:
-        """As ``Dispatcher.sleep``: the bound is that of the first master's queue."""
-        started = time.monotonic()
-        while (left := self._left(fan, started, head_bound, limit)) > 0:
-            fan.inner[0].event.wait(left)
-            fan.inner[0].event.clear()
-        return self._take_hint(fan)
-
-    @property
-    def reconnects(self) -> int:
-        return sum(board.reconnects for board in self._boards)
-
-    @property
-    def running(self) -> bool:
-        return any(board.running for board in self._boards)
-
-    def close(self, join: bool) -> None:
-        self.closed = True
-        for board in self._boards:
-            board.close(join)
-
-
-class _MasterDispatcher(Dispatcher):
-    """A dispatcher on one master of the quorum."""
-
-    def __init__(self, source: Callable[[], Any], index: int, tag: str) -> None:
-        super().__init__(source, tag)
-        self.index = index
-
-    def _open(self) -> Any:
-        return self._executor().masters[self.index].twin.pubsub()
