@@ -8,6 +8,7 @@ import ast
 import os
 import shutil
 import subprocess
+import sys
 from typing import Dict, List, Set
 
 import pytest
