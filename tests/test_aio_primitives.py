@@ -117,7 +117,7 @@ def asleep(task: asyncio.Future[Any]) -> bool:
     link: Any = task.get_coro()  # type: ignore[attr-defined]
     while link is not None:
         code = getattr(link, "cr_code", None) or getattr(link, "gi_code", None)
-        if code is not None and code.co_name == "sleep" and code.co_filename.endswith("_apubsub.py"):
+        if code is not None and code.co_name == "sleep" and code.co_filename.endswith("_redis/apubsub.py"):
             return True
         link = getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
     return False

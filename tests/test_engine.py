@@ -1,8 +1,8 @@
 """Finding 6: one wait engine under every primitive, one way out of every wait.
 
 Before Core v2 each of six modules had its own wait loop, and each cleaned up differently (or
-not at all) when a wait was interrupted. Now every wait runs ``_waitpolicy.policy`` through
-``_engine.wait``; these tests show that every primitive goes through it, and that a
+not at all) when a wait was interrupted. Now every wait runs ``_core.wait_policy.policy`` through
+``_primitives.engine.wait``; these tests show that every primitive goes through it, and that a
 KeyboardInterrupt in the middle of a wait leaves no waiter of this process behind: not in the
 session's pub/sub channels, not in Redis (where a queue entry would keep other processes
 waiting, or waking this one, for nothing).

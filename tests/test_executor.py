@@ -1,4 +1,4 @@
-"""The executor (``_executor.py``): a state-changing script whose reply was lost is never sent
+"""The executor (``_redis/executor.py``): a state-changing script whose reply was lost is never sent
 again, whatever the client (docs/design.rst, principle 13).
 
 redis-py's ``execute_command`` retries on a connection error (redis-py 8: up to 10 times), and

@@ -1,5 +1,5 @@
 """Fair locks without Redis: the argument check, keys, hand-off messages and how the
-dispatcher's bookkeeping (``_pubsub.Board``) routes a hand-off to exactly one wait."""
+dispatcher's bookkeeping (``_redis.pubsub.Board``) routes a hand-off to exactly one wait."""
 
 from __future__ import annotations
 

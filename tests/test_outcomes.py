@@ -1,6 +1,6 @@
 """The scripts' replies as typed outcomes, and the waiting policy, without Redis.
 
-``_outcomes`` decodes every reply a waiting primitive reads; ``_waitpolicy.policy`` is the
+``_core.outcomes`` decodes every reply a waiting primitive reads; ``_core.wait_policy.policy`` is the
 one state machine every wait runs (threads now, asyncio later). Both are driven here with
 made-up replies and a clock the test moves, so every branch is reached without a server.
 """

@@ -1,6 +1,6 @@
 """Typed outcomes of the scripts' replies, and the decoders that make them. No I/O.
 
-Every try a primitive makes for the wait engine (``_engine.py``) ends in one of these:
+Every try a primitive makes for the wait engine (``_primitives/engine.py``) ends in one of these:
 
 - ``Granted(token)``: the caller holds it now (a lock, a permit); ``token`` is the fencing
   token, or what the script returned with the grant (a semaphore's count left, plus one);

@@ -1,6 +1,6 @@
 """Redlock's arithmetic and checks, without I/O: what a quorum of independent masters decides.
 
-``_executor_quorum`` does the talking; everything it decides is here, so that it is tested
+``_redis.executor_quorum`` does the talking; everything it decides is here, so that it is tested
 without a server:
 
 - ``check_masters``: the list a DistLock or DistRLock is given (``client=[c1, ..., cN]``);

@@ -55,7 +55,7 @@ class Settings:
     replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
     barge_limit: float = DEFAULT_BARGE_LIMIT
     #: Redlock (``client=[...]``): the clock drift allowed per hold, in seconds; None: 1% of
-    #: the lease plus 2 ms (see ``_quorum.drift``)
+    #: the lease plus 2 ms (see ``_core.quorum.drift``)
     redlock_drift: Optional[float] = None
     #: ``fence_retention`` in ms, as the scripts take it (computed once, not per call)
     fence_retention_ms: int = field(init=False, repr=False, compare=False)

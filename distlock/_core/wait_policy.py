@@ -4,8 +4,8 @@ Every primitive waits the same way: subscribe before its first try, try, sleep a
 min(time left, the script's bound, the cap), try again, and leave cleanly on every way out.
 The order of those steps, and every decision between them, is here, once: ``policy`` is a
 generator that *yields* what to do next, ``Try(mode)`` or ``Sleep(bound, limit)``, and is
-*sent* what came of it (an outcome from ``_outcomes``, or what woke the sleep). A driver does
-the I/O: ``_engine.wait`` for threads; an asyncio driver awaits the same steps, so the policy
+*sent* what came of it (an outcome from ``_core.outcomes``, or what woke the sleep). A driver does
+the I/O: ``_primitives.engine.wait`` for threads; an asyncio driver awaits the same steps, so the policy
 has no second hand-written copy (see docs/how-it-works.rst, "One wait engine").
 
 Try modes, which each primitive maps to its script's arguments:
@@ -64,7 +64,7 @@ Step = Union[Try, Sleep]
 
 def policy(deadline: Deadline, cap: float, *, start: str = FIRST, answers_hints: bool = False,
            strict: bool = False) -> Generator[Step, Any, Outcome]:
-    """The wait, step by step; return its final outcome: one of ``_outcomes.FINAL``, or
+    """The wait, step by step; return its final outcome: one of ``_core.outcomes.FINAL``, or
     ``TIMED_OUT``, or ``NAMED``.
 
     ``cap``: the longest sleep between two tries (``Settings.wait_cap``). ``strict``: every

@@ -209,7 +209,7 @@ class DistBarrier(SessionUser):
         broken, waiting = self._seen
         return barrier_repr(self, self._name, broken, waiting, self._parties)
 
-    # --- the flows: the operations above, for both shells (see ``_flow``) -------------------
+    # --- the flows: the operations above, for both shells (see ``_core.flow``) -------------------
 
     def _n_waiting_flow(self) -> Flow[int]:
         return (yield from self._info())[1]
@@ -284,7 +284,7 @@ class DistBarrier(SessionUser):
 
     def _arrived(self, session: Session, wid: str, code: int, index: int, gen: int,
                  sent_at: float, keep: int) -> Flow[Tuple[Outcome, Optional[Hold]]]:
-        """What ``bar_wait``'s reply means (``_outcomes.barrier_arrival``): the wait's outcome,
+        """What ``bar_wait``'s reply means (``_core.outcomes.barrier_arrival``): the wait's outcome,
         and the hold whose lease the watchdog now renews (the action's runner, or a waiting
         party)."""
         outcome = barrier_arrival(code, index)

@@ -1,8 +1,8 @@
-"""The wait engine: drives ``_waitpolicy.policy``, as a flow (see ``_flow``) for both shells.
+"""The wait engine: drives ``_core.wait_policy.policy``, as a flow (see ``_core.flow``) for both shells.
 
 The only place that subscribes, tries, sleeps and cleans up for a waiting primitive. A
 primitive hands it a ``Waiting``: its channel, and how to make one try in each mode (a flow
-that runs a script and decodes its reply into an outcome from ``_outcomes``). Every way out
+that runs a script and decodes its reply into an outcome from ``_core.outcomes``). Every way out
 goes through one ``finally``: a grant, a timeout, a hint that named the waiter, an exception
 (a Redis error, KeyboardInterrupt) and, in the asyncio shell, a cancellation.
 """
@@ -34,11 +34,11 @@ class Waiting:
 
     channel: str = ""
     ident: Optional[str] = None
-    #: the primitive's meter (``_metrics``), and when its first try was sent (monotonic): the
+    #: the primitive's meter (``_session.metrics``), and when its first try was sent (monotonic): the
     #: engine records how the wait ended and how long it took from there
     meter: Any = None
     started: float = 0.0
-    #: a hint is answered by a try that does not register (see ``_waitpolicy``, ``HINTED``)
+    #: a hint is answered by a try that does not register (see ``_core.wait_policy``, ``HINTED``)
     answers_hints = False
     #: every waiter sleeps at most the bound, not only its process' first (see ``policy``);
     #: read at every sleep, so a wait may turn strict on the way (a lock joining a fair queue)
@@ -48,7 +48,7 @@ class Waiting:
     named_grants = False
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
-        """One try in ``mode`` (see ``_waitpolicy``), a flow; its decoded outcome. A grant is
+        """One try in ``mode`` (see ``_core.wait_policy``), a flow; its decoded outcome. A grant is
         registered (as a hold) before it returns."""
         raise NotImplementedError
 

@@ -116,7 +116,7 @@ class DistEvent(SessionUser):
     def __repr__(self) -> str:
         return event_repr(self, self._name, self._seen)
 
-    # --- the flows: the operations above, for both shells (see ``_flow``) -------------------
+    # --- the flows: the operations above, for both shells (see ``_core.flow``) -------------------
 
     def _is_set_flow(self) -> Flow[bool]:
         flag = bool((yield Read("EXISTS", self._keys.flag)))

@@ -1,11 +1,11 @@
 """Fair locks: the flows of ``DistLock(name, fair=True)`` and ``DistRLock(name, fair=True)``,
-for both shells (see ``_flow``).
+for both shells (see ``_core.flow``).
 
 Waiters queue in Redis in order of arrival on the server, one entry per wait, named by the
 wait's nonce (``lua/_fair.lua``). A release hands the lock straight to the first live entry:
 it writes the hold for that waiter, with a fresh fencing token, and publishes
 ``+<nonce> <token> <lease ms>`` on that waiter's process channel only. The process' dispatcher
-wakes exactly that wait (``_pubsub.Board``), which returns True without another round trip.
+wakes exactly that wait (``_redis.pubsub.Board``), which returns True without another round trip.
 Redis stays the truth: a waiter that misses the message finds the lock its own at its next
 try, at most ``wait_cap`` later; a wait that ends without the lock leaves the queue in one
 script (``fair_leave``) that also passes on a lock handed to it meanwhile; the entry of a

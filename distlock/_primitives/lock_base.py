@@ -76,10 +76,10 @@ class _LockBase(SessionUser):
         if fair and self._min_replicas:
             raise TypeError(FAIR_REPLICAS)
         self._keys = Keys(settings().prefix, self._name)
-        #: the fair queue's keys (``_fair``); a plain try reads its deadlines too, so that it
+        #: the fair queue's keys (``_primitives.fair``); a plain try reads its deadlines too, so that it
         #: never jumps a fair queue
         self._fair_keys = FairKeys(self._keys)
-        #: the yield rule applies (``_shares``): a default lock on one server or a cluster (a
+        #: the yield rule applies (``_core.shares``): a default lock on one server or a cluster (a
         #: Redlock quorum's masters could keep the lock for different processes)
         self._shares = not self._fair and topology(client) != QUORUM
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
@@ -310,7 +310,7 @@ class _LockBase(SessionUser):
     def _waiting(self, session: Session, owner: str, ms: int, count: int, watchdog: bool) -> Waiting:
         """The wait after a refused first try. Each process waits on its own channel for this
         lock, registered (by its failed tries) with the lock, so that a release wakes one
-        waiting process, not every subscriber. A fair lock's waiters queue in order (``_fair``)."""
+        waiting process, not every subscriber. A fair lock's waiters queue in order (``_primitives.fair``)."""
         if self._fair:
             return FairWaiting(self, session, owner, ms, count, watchdog)
         return _LockWaiting(self, session, owner, ms, count, watchdog)

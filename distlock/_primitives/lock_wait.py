@@ -43,12 +43,12 @@ class WaitingLock(FairLock, Protocol):
 
 
 #: How long (ms) a blocking acquire on a Redlock quorum that could not be reached waits before
-#: it tries again (DistLock(name, client=[...]); see ``_executor_quorum``).
+#: it tries again (DistLock(name, client=[...]); see ``_redis.executor_quorum``).
 QUORUM_RETRY_MS = 100
 
 
 class _LockWaiting(Waiting):
-    """One wait for a lock (or a writer, see ``_rwlock``): tries of ``lock_acquire`` that
+    """One wait for a lock (or a writer, see ``_primitives.rwlock``): tries of ``lock_acquire`` that
     register this process' channel with the lock, and answer hints without registering."""
 
     answers_hints = True
@@ -117,7 +117,7 @@ class _LockWaiting(Waiting):
 
 def _nudge(keys: Keys, session: Session) -> None:
     """In the watchdog thread, ``NUDGE_AFTER`` a release in a quantum: if this process has not
-    tried to take the lock since, wake the next waiting process (``_shares``)."""
+    tried to take the lock since, wake the next waiting process (``_core.shares``)."""
     now = time.monotonic()
     due = session.runs.nudge(keys.lock, now)
     if due is None or session.closed:

@@ -158,7 +158,7 @@ class _RWSide(_ThreadOwned):
     def _queue_ms(self) -> int:
         return 0
 
-    #: every waiter of the process sleeps at most the bound (see ``_waitpolicy.policy``)
+    #: every waiter of the process sleeps at most the bound (see ``_core.wait_policy.policy``)
     _strict = False
 
     def _abandon(self, owner: str) -> Flow[None]:

@@ -1,9 +1,9 @@
-"""The asyncio shell's port: what a flow's ops (``_flow``) do on an event loop.
+"""The asyncio shell's port: what a flow's ops (``_core.flow``) do on an event loop.
 
 One ``AsyncPort`` per ``redis.asyncio`` client and event loop (a client's connections belong
 to the loop that opened them). It has:
 
-- ``session``: the blocking ``Session`` of the same server (``_session.session_for`` of a blocking
+- ``session``: the blocking ``Session`` of the same server (``_session.session.session_for`` of a blocking
   twin of the client, made from its connection settings, handed in by ``_session.ports``,
   which keeps the ports). Holds live there, with their ids,
   and its watchdog *thread* renews them: renewals go on while user code blocks the event loop
@@ -128,7 +128,7 @@ class AsyncPort:
 
     def __init__(self, client: Any, loop: asyncio.AbstractEventLoop,
                  session_for: Callable[[Any], Any]) -> None:
-        """``session_for``: the blocking session of a client (``_session.session_for``),
+        """``session_for``: the blocking session of a client (``_session.session.session_for``),
         asked once, for the port's blocking twin of ``client``."""
         self.loop_ref = weakref.ref(loop)
         self.twin = self._make_twin(client)
@@ -400,7 +400,7 @@ class AsyncPort:
 
 
 async def aread_pair(conn: Any) -> Tuple[Any, Any]:
-    """``_executor.read_pair`` on an asyncio connection: both replies read, the first's error
+    """``_redis.executor.read_pair`` on an asyncio connection: both replies read, the first's error
     raised after the second's is read, the second's error returned as its reply."""
     try:
         first: Any = await conn.read_response()

@@ -2,7 +2,7 @@
 client, for every channel that loop's tasks wait on.
 
 The bookkeeping (channels, waiters, the head of each queue, hints that name waiters, idle
-channels) is ``_pubsub.Board``, shared with the threads' ``Dispatcher``; only the I/O differs:
+channels) is ``_redis.pubsub.Board``, shared with the threads' ``Dispatcher``; only the I/O differs:
 SUBSCRIBE is awaited, a waiter sleeps on a ``Flag`` (a future and a timer), and a task reads the
 connection.
 The task starts with the first waiter and ends, closing its connection, once no channel is left

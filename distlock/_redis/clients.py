@@ -21,7 +21,7 @@ Only clients built on redis-py's own pools and connection classes are twinned; a
 and its watchdog's twin is one of the same kind: a ``SentinelConnectionPool`` of its own on the
 same ``Sentinel`` and service, so that every renewal connection looks the master up when it
 connects and follows a failover. How commands are sent is the executor's business
-(``_executor.py``).
+(``_redis/executor.py``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def check_client(client: object, owner: str = "") -> None:
     """Raise TypeError unless ``client`` is a Redis client or a URL string, ValueError for a
     URL redis-py cannot parse. ``owner``: the class the client is for (its error names the
     asyncio twin when given an asyncio client). A list (a Redlock quorum of independent
-    masters) only for DistLock and DistRLock: see ``_quorum.check_masters``."""
+    masters) only for DistLock and DistRLock: see ``_core.quorum.check_masters``."""
     if isinstance(client, (list, tuple)):
         from .._core.quorum import check_masters
         check_masters(client, owner, _check_master, _master_address)
@@ -248,7 +248,7 @@ def renewer(client: Any, timeout: float) -> Optional[Any]:
 
 
 #: The connection settings that make two clients "the same server as the same user": clients
-#: that agree on all of them share one session (see ``_session.session_for``).
+#: that agree on all of them share one session (see ``_session.session.session_for``).
 _SERVER_FIELDS = (
     "host", "port", "path", "db", "username", "password", "credential_provider",
     "decode_responses", "encoding", "encoding_errors", "protocol", "client_name",

@@ -12,26 +12,26 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
   retries would send a state change twice). Only fakeredis, which has no network and so no
   lost replies, is driven through its ``execute_command``. NOSCRIPT (a restarted server, SCRIPT
   FLUSH) means the script did not run: it is loaded and sent again. A Redis error names the
-  script's file and line (see ``_scripts.locate``).
+  script's file and line (see ``_redis.scripts.locate``).
 - ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, HMGET, ZSCORE,
   ZREM of our own entry, TIME); it goes through the client, retries and all.
 - ``batch()``: a pipeline of scripts and commands in one round trip (a reader's look at its
   hold) on the executor's connections; ``renewal_batch()``: the same on the watchdog's own
-  connection (``_clients.renewer``: not from the user's pool, bounded by the renew interval,
+  connection (``_redis.clients.renewer``: not from the user's pool, bounded by the renew interval,
   no hidden retries). Renewals are safe to repeat.
 - ``pubsub()``: a new pub/sub connection, for the session's dispatcher.
 
 ``run(..., acks=(k, ms))`` sends ``WAIT k ms`` behind the script, packed with it in one write on
 the same connection, and returns ``(reply, replicas that acknowledged)``: the grant of a
-primitive made with ``min_replicas`` (see ``_replicas``). redis-py's ``client.wait()`` could
+primitive made with ``min_replicas`` (see ``_core.replicas``). redis-py's ``client.wait()`` could
 take another pooled connection, whose WAIT would say nothing of this script's writes.
 ``Batch.wait(k, ms)`` does the same at the end of a batch (the watchdog's renewals).
 
 This is the standalone executor, and ``executor_for`` is the one place that picks an executor
 for a client, behind the same methods: a ``redis.RedisCluster`` gets the Cluster executor
-(``_executor_cluster``: routed by the keys' slot, MOVED, ASK and TRYAGAIN followed, one batch
-pipeline per node, one dispatcher per node), a list of independent masters (a ``_quorum.Quorum``)
-the Redlock executor (``_executor_quorum``: every script to every master at once, the replies
+(``_redis.executor_cluster``: routed by the keys' slot, MOVED, ASK and TRYAGAIN followed, one batch
+pipeline per node, one dispatcher per node), a list of independent masters (a ``_core.quorum.Quorum``)
+the Redlock executor (``_redis.executor_quorum``: every script to every master at once, the replies
 folded into one), every other client this one. A topology's executor
 overrides ``_send`` (how one script goes out) and ``dispatcher`` (how waiters wait).
 """
@@ -185,7 +185,7 @@ class Executor:
 
     def margin(self, lease_ms: int) -> float:
         """How much sooner than ``lease_ms`` after it was sent a grant or renewal must be taken
-        as ended (seconds): 0 here; a Redlock quorum's clock drift (``_executor_quorum``)."""
+        as ended (seconds): 0 here; a Redlock quorum's clock drift (``_redis.executor_quorum``)."""
         return 0.0
 
     def close(self) -> None:
@@ -275,7 +275,7 @@ def disconnect_quietly(client: Any) -> None:
 
 
 def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
-    """``exc`` with its line numbers in the script's own files (see ``_scripts.locate``)."""
+    """``exc`` with its line numbers in the script's own files (see ``_redis.scripts.locate``)."""
     message = locate(name, str(exc))
     if message == str(exc):
         return exc

@@ -60,7 +60,7 @@ class Waiter:
         #: a hint (or a hand-over) asked this waiter to try again; set only under the mutex
         self.hinted = False
         #: what a hint that named this waiter alone carried (a fair lock's hand-off: the token
-        #: and lease of the hold it was given; see ``_fairlogic.handoff``)
+        #: and lease of the hold it was given; see ``_core.replies.handoff``)
         self.payload: Optional[str] = None
 
 
@@ -76,7 +76,7 @@ class Channel:
         self.waiters: Deque[Waiter] = collections.deque()
         self.idle_since = 0.0
         self.was_up = False  # subscribed on a connection that broke: wake its waiters when back
-        #: its slot moved to another node of a cluster (``_pubsub_cluster``): not subscribed
+        #: its slot moved to another node of a cluster (``_redis.pubsub_cluster``): not subscribed
         #: again here; its waiters move to the new owner
         self.moved = False
         #: how many processes took turns with a default lock at the last yield to this
@@ -87,7 +87,7 @@ class Channel:
 class Board:
     """The bookkeeping of one pub/sub connection's channels and waiters, without I/O: what a
     dispatcher for threads (``Dispatcher``) and one for an event loop
-    (``_apubsub.AsyncDispatcher``) share. ``event`` makes the waiters' and channels' events
+    (``_redis.apubsub.AsyncDispatcher``) share. ``event`` makes the waiters' and channels' events
     (``threading.Event`` or ``asyncio.Event``: both have ``set``, ``clear`` and ``is_set``).
     """
 
@@ -251,7 +251,7 @@ class Board:
                     chan.was_up = False
                     _wake(chan, None)
             elif kind == "moved":
-                # A cluster moved the channel's slot to another node (``_pubsub_cluster``):
+                # A cluster moved the channel's slot to another node (``_redis.pubsub_cluster``):
                 # every waiter tries again, and then waits on the new owner.
                 chan.moved = True
                 chan.pending = 0

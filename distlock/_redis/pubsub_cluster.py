@@ -1,7 +1,7 @@
 """The pub/sub side of a Cluster session: one dispatcher per node that has waiters.
 
 A primitive's channel has its name's hash tag, so it lives in the slot of its keys, and the
-scripts announce on it with SPUBLISH (``_executor_cluster``): only the node that owns the slot
+scripts announce on it with SPUBLISH (``_redis.executor_cluster``): only the node that owns the slot
 (and its replicas) deliver it. Each waiter therefore joins the dispatcher of its channel's
 master, which subscribes with SSUBSCRIBE on a connection to that node. A process holds at most
 one pub/sub connection per node on which it has waiters, each with its own reader (a thread,
@@ -122,7 +122,7 @@ class Router:
 
 
 class ClusterDispatcher(Router):
-    """The session's dispatcher on a cluster (threads): ``_pubsub.Dispatcher``'s methods, each
+    """The session's dispatcher on a cluster (threads): ``_redis.pubsub.Dispatcher``'s methods, each
     routed to the dispatcher of the channel's node."""
 
     def __init__(self, executor: Callable[[], Any], tag: str) -> None:
@@ -156,7 +156,7 @@ class ClusterDispatcher(Router):
 
 
 class AsyncClusterDispatcher(Router):
-    """``ClusterDispatcher`` for one event loop (``_apubsub.AsyncDispatcher`` per node);
+    """``ClusterDispatcher`` for one event loop (``_redis.apubsub.AsyncDispatcher`` per node);
     ``pubsub_for(node)`` opens a ``redis.asyncio`` PubSub on that node."""
 
     def __init__(self, source: Callable[[], Any], pubsub_for: Callable[[Any], Any]) -> None:

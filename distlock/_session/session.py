@@ -14,7 +14,7 @@ Which session a client gets (``session_for``):
 
 - A plain ``redis.Redis`` on redis-py's own pool gets the session of its server and user
   (host, port, db, credentials, reply decoding, timeouts), which talks through the pool of the
-  first such client (``_clients.session_client``). A web handler or a task that makes a client
+  first such client (``_redis.clients.session_client``). A web handler or a task that makes a client
   per request therefore shares one watchdog, one pub/sub connection and a few pooled
   connections with every other request, instead of leaving a session behind per client; and a
   thread that holds a DistRLock re-enters it through any client of that server, as it would
@@ -112,7 +112,7 @@ class Session:
         self.dispatcher: Dispatcher = self.executor.dispatcher(source, tag)
         #: the registry of holds, keyed by (key, owner); shared with the watchdog
         self.holds = self.watchdog.holds
-        #: the default locks' quanta (``_shares``): when this process last got each lock by
+        #: the default locks' quanta (``_core.shares``): when this process last got each lock by
         #: waiting for it
         self.runs = Runs()
 
@@ -151,7 +151,7 @@ class Session:
 
         Logged at WARNING with ``lock_name``, ``token``, ``owner`` and ``cause`` as extra
         fields (a LogRecord's ``name`` is the logger's), counted in the metrics, and traced
-        where the application traces (see ``_telemetry``)."""
+        where the application traces (see ``_session.telemetry``)."""
         with self.watchdog.mutex:
             if hold.lost:
                 return
@@ -221,7 +221,7 @@ class Session:
     def release_all(self) -> None:
         """Give back every hold still held (interpreter exit): other hosts need not wait out
         the lease of a process that is going away; and wake now the waiters this process was
-        about to wake (``_shares``). Errors are logged, never raised."""
+        about to wake (``_core.shares``). Errors are logged, never raised."""
         self.watchdog.run_timed_now()
         for hold in list(self.holds.values()):
             if hold.lost or hold.end is None:
@@ -270,7 +270,7 @@ class SessionUser:
     _client_arg: ClientArg = None
     _client: Any = None
     _sess: Optional[Session] = None
-    #: what the metrics call this primitive (see ``_metrics``), and its name
+    #: what the metrics call this primitive (see ``_session.metrics``), and its name
     _metric_kind = ""
     _name = ""
     _meter: Optional[Meter] = None
@@ -285,7 +285,7 @@ class SessionUser:
         return meter
 
     def _drive(self, flow: Flow[T]) -> T:
-        """Run one of this primitive's flows (see ``_flow``) on its session, blocking: the
+        """Run one of this primitive's flows (see ``_core.flow``) on its session, blocking: the
         thread shell. The asyncio shell awaits the same flows instead."""
         return drive(flow, self._session())
 

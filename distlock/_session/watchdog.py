@@ -35,7 +35,7 @@ log = logging.getLogger("distlock")
 IDLE_EXIT = 0.2
 TICK = 0.1
 
-#: renew(batch, hold, lease_ms): queue one renewal of a hold on ``batch`` (an ``_executor.Batch``).
+#: renew(batch, hold, lease_ms): queue one renewal of a hold on ``batch`` (an ``_redis.executor.Batch``).
 Renew = Callable[[Any, "Hold", int], Any]
 #: end(hold): give the whole hold back (one round trip); used at interpreter exit.
 End = Callable[["Hold"], Any]
@@ -86,12 +86,12 @@ class Hold:
         #: what must stay alive while the hold does (the user's client, for a session that
         #: talks through it)
         self.pin: Any = None
-        #: the primitive's meter (``_metrics``): renewals and a lost lease count there
+        #: the primitive's meter (``_session.metrics``): renewals and a lost lease count there
         self.meter = meter
         #: for a grant (a lock, a permit; not a waiter's lease): when it was sent, until its
         #: hold time is recorded (then 0.0)
         self.granted_at = sent_at if grant else 0.0
-        #: an asyncio release of this hold still in flight (``_flow.Started``), which a
+        #: an asyncio release of this hold still in flight (``_core.flow.Started``), which a
         #: re-entry by the same task waits for
         self.pending: Any = None
         #: (k, timeout ms) for a hold of a primitive made with ``min_replicas``: a renewal
@@ -411,7 +411,7 @@ class Watchdog:
 
 
 def _record_renewals(tally: Dict[Any, List[int]], rtt: Optional[float]) -> None:
-    """One watchdog round's renewals, into each primitive's series (see ``_metrics``)."""
+    """One watchdog round's renewals, into each primitive's series (see ``_session.metrics``)."""
     for series, (ok, failed) in tally.items():
         if series is not None:
             renewed(series, ok, failed, rtt)

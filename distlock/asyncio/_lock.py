@@ -54,7 +54,7 @@ class _AsyncLock(AsyncShell, _LockBase):
         caller is cancelled. Await the result to learn its outcome (LockLostError when the
         lease was lost meanwhile)."""
         # A lock's own release may finish in the task that awaits it: cut short there, the
-        # watchdog thread completes it (see ``_lock._finish_release``); a side's may not.
+        # watchdog thread completes it (see ``_primitives.lock_wait._finish_release``); a side's may not.
         held = self._current(self._session()) if self._reentrant == "1" else None
         started = self._start(self._release_one(), self._hold_key == self._keys.lock)
         if held is not None and not started.done():

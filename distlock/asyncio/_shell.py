@@ -1,6 +1,6 @@
 """What every asyncio primitive adds to the flows it shares with its blocking twin.
 
-An asyncio class subclasses the blocking one, which owns the flows (``_flow``), the keys, the
+An asyncio class subclasses the blocking one, which owns the flows (``_core.flow``), the keys, the
 checks and the bookkeeping, and only replaces the public methods:
 
 - waits are coroutines that ``adrive`` a flow on the loop's ``AsyncPort``;
