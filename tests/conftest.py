@@ -17,13 +17,19 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 import time
 from typing import Any, Iterator, Optional
 
 import pytest
 import redis
-from _procs import Children
+
+#: the helpers and worker modules every layer's tests share (``import _workers``, and in spawned
+#: children, which inherit this path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+
+from _procs import Children  # noqa: E402
 
 import distlock
 from distlock._core.settings import reset_settings
@@ -145,7 +151,7 @@ def url(backend: Backend, client: redis.Redis, topology: str, request: pytest.Fi
 
 @pytest.fixture
 def aio(url: str) -> Iterator[Any]:
-    """An event loop in a thread, for blocking views of asyncio primitives (tests/_aio.py);
+    """An event loop in a thread, for blocking views of asyncio primitives (tests/support/_aio.py);
     its tasks, clients and loop are gone after the test."""
     from _aio import AioRunner
 
@@ -158,7 +164,7 @@ def aio(url: str) -> Iterator[Any]:
 
 @pytest.fixture
 def children() -> Iterator[Children]:
-    """Child processes of one test (see tests/_procs.py), joined or killed after it."""
+    """Child processes of one test (see tests/support/_procs.py), joined or killed after it."""
     made = Children()
     try:
         yield made
@@ -169,7 +175,7 @@ def children() -> Iterator[Children]:
 def _wait_threads_gone(before: set[threading.Thread], timeout: float = 5.0) -> None:
     """Every distlock thread the test started is gone. The reaper is not waited for: it
     retires sessions ``RETIRE_AFTER`` (1 s) after their last user left, and exits by itself
-    (tests/test_sessions.py and test_lifetimes.py check that); waiting for it cost every test
+    (tests/primitives/test_sessions.py and test_lifetimes.py check that); waiting for it cost every test
     that made a session a second."""
     deadline = time.monotonic() + timeout
     while True:
@@ -195,11 +201,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 __all__ = ["Backend", "distlock"]
 
 
-# --- a real Redis Cluster (tests/_cluster.py) -------------------------------------------------
+# --- a real Redis Cluster (tests/support/_cluster.py) -------------------------------------------------
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Any]:
-    """A Redis Cluster of 3 masters and 3 replicas (tests/_cluster.py), started the first time
+    """A Redis Cluster of 3 masters and 3 replicas (tests/support/_cluster.py), started the first time
     a test asks for it and shared by the rest of the session. Skipped with a reason where there
     is no server binary or no ``redis-cli`` (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
     from _cluster import Cluster, cluster_cli
@@ -268,11 +274,11 @@ def healthy_cluster(cluster: Any) -> Iterator[Any]:
         _wait_threads_gone(before)
 
 
-# --- a master with two replicas (tests/_replication.py) ----------------------------------------
+# --- a master with two replicas (tests/support/_replication.py) ----------------------------------------
 
 @pytest.fixture(scope="session")
 def replication_set() -> Iterator[Any]:
-    """A master and two replicas (tests/_replication.py), started the first time a test asks
+    """A master and two replicas (tests/support/_replication.py), started the first time a test asks
     for it and shared by the rest of the session. Skipped with a reason where there is no
     server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
     from _replication import Replication
@@ -308,11 +314,11 @@ def replication(replication_set: Any) -> Iterator[Any]:
         _wait_threads_gone(before)
 
 
-# --- a real Sentinel set (tests/_sentinel.py) -------------------------------------------------
+# --- a real Sentinel set (tests/support/_sentinel.py) -------------------------------------------------
 
 @pytest.fixture(scope="session")
 def sentinel_set() -> Iterator[Any]:
-    """One master, two replicas and three sentinels (tests/_sentinel.py), started the first
+    """One master, two replicas and three sentinels (tests/support/_sentinel.py), started the first
     time a test asks for it and shared by the rest of the session. Skipped with a reason where
     there is no server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
     from _sentinel import SentinelSet
@@ -359,11 +365,11 @@ def sentinel_url(sentinel_set: Any, sentinel_client: Any) -> str:
     return str(sentinel_set.url)
 
 
-# --- five independent masters, for Redlock (tests/_redlock.py) --------------------------------
+# --- five independent masters, for Redlock (tests/support/_redlock.py) --------------------------------
 
 @pytest.fixture(scope="session")
 def redlock_masters() -> Iterator[Any]:
-    """Five independent redis-server processes (tests/_redlock.py), started the first time a
+    """Five independent redis-server processes (tests/support/_redlock.py), started the first time a
     test asks for them and shared by the rest of the session. Skipped with a reason where there
     is no server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
     from _redlock import Masters

@@ -32,7 +32,7 @@ class Keys:
     keys of one primitive map to one slot and every script touches one slot only. Braces and
     ``%`` inside a name are percent-encoded (``escape_name``), so the tag is always the whole,
     non-empty name, and two names never share a key. Suffixes are chosen so that no
-    ``}suffix`` ends another (``tests/test_logic.py`` checks both). The names are computed once:
+    ``}suffix`` ends another (``tests/unit/test_core.py`` checks both). The names are computed once:
     they are on every round trip.
     """
 

@@ -14,7 +14,7 @@ Every try a primitive makes for the wait engine (``_primitives/engine.py``) ends
 
 The wait engine ends a wait in two more ways, ``TIMED_OUT`` and ``NAMED`` (a hint named the
 waiter). Releases decode to ``Released(left)`` or ``LOST``. The decoders are the only place
-that knows how the scripts spell these (see each script's header); ``tests/test_outcomes.py``
+that knows how the scripts spell these (see each script's header); ``tests/unit/test_outcomes.py``
 checks them without Redis. One deliberate exception: the locks' uncontended first try reads a
 grant as ``reply > 0`` inline (a token is positive, as ``lock_acquire`` here says), to keep a
 call and an allocation off the hot path; every other try goes through ``lock_acquire``.

@@ -1,0 +1,844 @@
+"""Fault tolerance: every exclusive primitive keeps its promises when things break (issue 7).
+
+Each scenario runs for every entry of ``faults.PRIMITIVES``; adding a primitive there adds it
+here. Timing assertions are one-sided: "not before the lease" (a lower bound, which a slow
+machine only makes easier) and "within a generous bound" (an upper bound far above what is
+expected).
+
+The margin of scenario 5, as the docs state it: ``acquire(timeout=T)`` returns or raises within
+``T + 2 * B`` (plus scheduling slack), where ``B`` is the longest the client takes to give up
+on one command: ``socket_timeout * (retries + 1)`` plus its retry backoff. distlock never starts
+a Redis command after the caller's deadline, except the one SUBSCRIBE it may send on its way into
+the wait, so at most two commands can be in flight past it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import warnings
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import faults
+import pytest
+import redis
+from _support import start
+from faults import PRIMITIVES, FaultProxy, FencedResource, Holder
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import distlock
+from distlock import LockLostError, LockNotOwnedError
+from distlock._session.session import reset_sessions, session_for
+from distlock.testing.server import RedisServer
+
+KINDS = sorted(PRIMITIVES)
+
+#: Short leases for the watchdog in these tests (configure(lease=..., renew_interval=...)).
+FAST = {"lease": 1.0, "renew_interval": 0.3}
+
+#: Client of the blackhole tests: gives up on one command after B = (1 + 1) * 0.5 = 1.0 s.
+SOCKET_TIMEOUT = 0.5
+RETRIES = 1
+B = SOCKET_TIMEOUT * (RETRIES + 1)
+#: Scheduling slack on top of the documented margin, for a slow, busy 2-core machine.
+SLACK = 3.0
+
+
+# --- fixtures and helpers ------------------------------------------------------------------
+
+@pytest.fixture
+def proxy(backend: Any, url: str) -> Iterator[FaultProxy]:
+    assert backend.server is not None or url
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with FaultProxy(port) as px:
+        try:
+            yield px
+        finally:
+            # the sessions close while the proxy still answers: their connections close at once
+            # instead of waiting out a blackhole or a dead peer
+            reset_sessions()
+
+
+@pytest.fixture
+def holders() -> Iterator[Callable[..., Holder]]:
+    made: List[Holder] = []
+
+    def start(*args: Any, **kwargs: Any) -> Holder:
+        holder = Holder(*args, **kwargs)
+        made.append(holder)
+        return holder
+
+    try:
+        yield start
+    finally:
+        for holder in made:
+            holder.cleanup()
+
+
+@pytest.fixture
+def resource(tmp_path: Any) -> FencedResource:
+    return FencedResource(str(tmp_path))
+
+
+def make(kind: str, name: str, client: Any, lease: Optional[float] = None) -> Any:
+    return PRIMITIVES[kind].make(name, client, lease)
+
+
+def rival(kind: str, name: str, client: Any, lease: Optional[float] = None) -> Any:
+    """What contends with a holder of ``kind`` (a read lock's rival is the write lock)."""
+    return PRIMITIVES[kind].rival(name, client, lease)
+
+
+EXCLUSIVE = [k for k in KINDS if PRIMITIVES[k].exclusive]
+#: Scenario 9 runs thousands of holds per kind. DistCondition's acquire and release are its
+#: DistRLock's own bound methods (as in threading), so its run would be DistRLock's again; its
+#: waits have their own scenario at the end of this file.
+CHECKED = [k for k in EXCLUSIVE if k != "DistCondition"]
+
+
+def lease_left_ms(client: Any, name: str) -> int:
+    """The longest remaining lease of a hold of ``name`` (-1 when nothing holds it): a hash's
+    PTTL, or for the readers of a read/write lock (sorted-set members ``owner#token`` scored by
+    their deadline on the server's clock) the latest deadline from now."""
+    best = -1
+    for key in client.scan_iter(match=f"distlock:{{{name}}}*"):
+        kind = client.type(key)
+        if kind == b"hash":
+            best = max(best, int(client.pttl(key)))
+        elif kind == b"zset":
+            seconds, micros = client.time()
+            now_ms = seconds * 1000 + micros // 1000
+            for member, deadline in client.zrange(key, 0, -1, withscores=True):
+                if b"#" in member and deadline > now_ms:
+                    best = max(best, int(deadline - now_ms))
+    return best
+
+
+def holds_token(client: Any, name: str, token: Optional[int]) -> bool:
+    """True when a hash of ``name`` carries fencing token ``token`` (the hold is alive)."""
+    for key in client.scan_iter(match=f"distlock:{{{name}}}*"):
+        kind = client.type(key)
+        if kind == b"hash" and client.hget(key, ":t") == str(token).encode():
+            return True
+        if kind == b"zset" and any(f"#{token}@".encode() in m or m.endswith(f"#{token}".encode())
+                                   for m in client.zrange(key, 0, -1)):
+            return True
+    return False
+
+
+def bounded_client(port: int) -> redis.Redis[Any]:
+    return redis.Redis(host="127.0.0.1", port=port, socket_timeout=SOCKET_TIMEOUT,
+                       socket_connect_timeout=SOCKET_TIMEOUT, retry=Retry(NoBackoff(), RETRIES))
+
+
+def numsub(client: Any, channel: str) -> int:
+    return int(dict(client.pubsub_numsub(channel)).get(channel.encode(), 0))
+
+
+def pubsub_clients(client: Any) -> set[str]:
+    """Ids of the server's pub/sub connections that have at least one subscription."""
+    return {c["id"] for c in client.client_list(_type="pubsub") if int(c.get("sub", 0)) > 0}
+
+
+def waited_channel(session: Any, name: str) -> Optional[str]:
+    """The channel of ``name`` this session is subscribed to (a write lock's waiters may use
+    another channel than the lock's ``:wake``)."""
+    for channel in session.subscribed_channels():
+        if f"{{{name}}}" in channel:
+            return str(channel)
+    return None
+
+
+# --- 1. holder killed with SIGKILL -------------------------------------------------------------
+
+@pytest.mark.cluster_too
+@pytest.mark.real_redis
+@pytest.mark.parametrize("lease", [1.0, None], ids=["explicit-lease", "watchdog"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_1_sigkill_holder_frees_after_lease_never_before(
+        url: str, client: Any, holders: Any, kind: str, lease: Optional[float]) -> None:
+    name = f"s1-{kind}"
+    holder = holders(url, kind, name, lease=lease, settings=FAST)
+    first = holder.event("acquired")[1]
+    assert first is not None
+    if lease is None:
+        time.sleep(FAST["lease"] * 1.5)  # past one lease: only renewals keep it
+        assert lease_left_ms(client, name) > 0, "the watchdog did not keep the hold alive"
+    holder.kill()
+
+    probe = rival(kind, name, client)
+    sent = time.monotonic()
+    left = lease_left_ms(client, name)
+    assert left > 0, "the hold vanished with its holder, before its lease ran out"
+    assert probe.acquire(blocking=False) is False
+    assert probe.acquire(timeout=left / 1000.0 + 15.0) is True
+    got = time.monotonic()
+    try:
+        assert got >= sent + left / 1000.0 - 0.010, "acquired before the killed holder's lease ran out"
+        assert probe.token > first
+    finally:
+        probe.release()
+
+
+# --- 2. holder stopped past its lease, then continued ------------------------------------------
+
+@pytest.mark.cluster_too
+@pytest.mark.real_redis
+@pytest.mark.parametrize("lease", [1.0, None], ids=["explicit-lease", "watchdog"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_2_sigstop_past_lease_then_sigcont(
+        url: str, client: Any, holders: Any, resource: FencedResource, kind: str,
+        lease: Optional[float]) -> None:
+    distlock.configure(**FAST)
+    name = f"s2-{kind}"
+    holder = holders(url, kind, name, lease=lease, settings=FAST)
+    old = holder.event("acquired")[1]
+    holder.send("write", resource, old)
+    assert holder.event("write")[1] is True
+
+    holder.stop()
+    mine = rival(kind, name, client)
+    assert mine.acquire(timeout=20), "nobody could take over from the stopped holder"
+    try:
+        new = mine.token
+        assert new > old
+        assert resource.write(new, "taker")
+        holder.cont()
+        if lease is None:
+            holder.event("on_lost", timeout=20)  # the watchdog found the hold someone else's
+        holder.send("write", resource, old)
+        assert holder.event("write")[1] is False, "the fenced resource took a stale write"
+        holder.send("release")
+        assert holder.event("release")[1] == "LockLostError"
+        if lease is not None:
+            holder.event("on_lost", timeout=10)  # found by release() itself
+        assert not holder.has_event("on_lost"), "on_lost ran twice"
+        assert mine.owned() and mine.token == new, "the late release touched the new hold"
+        assert lease_left_ms(client, name) > 0
+    finally:
+        mine.release()
+    holder.send("exit")
+    accepted = [w.token for w in resource.log() if w.accepted]
+    assert accepted == sorted(accepted) and old in accepted and new in accepted
+    assert [w for w in resource.log() if not w.accepted] != []
+
+
+# --- 3. Redis restarted without persistence ----------------------------------------------------
+
+@pytest.mark.real_redis
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_3_redis_restart_while_held_and_waited(backend: Any, url: str, client: Any, kind: str) -> None:
+    distlock.configure(**FAST)
+    timeout = 10.0
+    before: List[int] = []
+    names = [f"s3-{kind}-watchdog", f"s3-{kind}-lease"]
+    held = [make(kind, names[0], client), make(kind, names[1], client, lease=30.0)]
+    lost: Dict[int, float] = {}
+    for i, lock in enumerate(held):
+        for _ in range(3):  # a few grants, so the fence counters have a history
+            assert lock.acquire(blocking=False)
+            before.append(lock.token)
+            lock.release()
+        assert lock.acquire(blocking=False)
+        before.append(lock.token)
+        lock.on_lost(lambda _lock, i=i: lost.setdefault(i, time.monotonic()))
+
+    after: List[int] = []
+    after_lock = threading.Lock()
+    errors: List[BaseException] = []
+
+    def wait_for(name: str) -> str:
+        lock = rival(kind, name, client, lease=5.0)
+        try:
+            ok = lock.acquire(timeout=timeout)
+        except redis.exceptions.ConnectionError as exc:
+            errors.append(exc)
+            return "ConnectionError"
+        if ok:
+            with after_lock:
+                after.append(lock.token)
+            lock.release()
+        return str(ok)
+
+    waiters = [start(lambda n=n: wait_for(n), f"waiter-{n}") for n in names for _ in range(2)]
+    session = session_for(client)
+    assert faults.wait_until(lambda: all(waited_channel(session, n) is not None for n in names), 10)
+    assert faults.wait_until(lambda: all(numsub(client, str(waited_channel(session, n))) >= 1
+                                         for n in names), 10)
+    faults.restart_server(backend)
+    for waiter in waiters:
+        waiter.finish(timeout + 30.0)
+        assert waiter.error is None, repr(waiter.error)
+        assert waiter.result in ("True", "False", "ConnectionError")
+        assert waiter.elapsed <= timeout + 15.0
+    # Woken when the dispatcher's subscription is confirmed again, most take the freed locks.
+    assert sum(w.result == "True" for w in waiters) >= len(names), ([w.result for w in waiters], errors)
+
+    # The watchdog's holder learns it by itself, the explicit lease's at release().
+    assert faults.wait_until(lambda: 0 in lost, 15), "the watchdog did not report the lost lease"
+    for lock in held:
+        with pytest.raises(LockLostError):
+            lock.release()
+    assert 1 in lost
+    for name in names:  # grants after the restart, by waiters or by a fresh lock
+        lock = rival(kind, name, client)
+        assert lock.acquire(timeout=10)
+        after.append(lock.token)
+        lock.release()
+    assert min(after) > max(before), (before, after)
+
+
+# --- 4. the pub/sub connection is killed while waiters wait ---------------------------------
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("how", ["client-kill", "proxy-reset", "proxy-drop"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_4_pubsub_connection_killed_while_waiting(
+        client: Any, proxy: FaultProxy, kind: str, how: str) -> None:
+    distlock.configure(wait_cap=0.5)
+    name = f"s4-{kind}"
+    user = client if how == "client-kill" else proxy.client()
+    holder = make(kind, name, client)
+    assert holder.acquire(blocking=False)
+    got: List[int] = []
+
+    def wait() -> bool:
+        lock = rival(kind, name, user)
+        ok = bool(lock.acquire(timeout=30))
+        if ok:
+            got.append(lock.token)
+            lock.release()
+        return ok
+
+    waiters = [start(wait, f"waiter-{i}") for i in range(3)]
+    session = session_for(user)
+    try:
+        assert faults.wait_until(lambda: waited_channel(session, name) is not None, 10)
+        channel = waited_channel(session, name)
+        before = pubsub_clients(client)
+        if how == "client-kill":
+            assert faults.kill_pubsub(client) >= 1
+        elif how == "proxy-reset":
+            assert proxy.reset_pubsub() >= 1
+        else:
+            proxy.set_drop_pubsub(True)
+        if how != "proxy-drop":
+            # A new pub/sub connection (the dispatcher's, or redis-py's own retry inside it)
+            # is subscribed to the channel again.
+            assert faults.wait_until(
+                lambda: bool(pubsub_clients(client) - before) and numsub(client, channel) >= 1,
+                10), "the pub/sub connection was not re-established"
+    finally:
+        holder.release()
+    released = time.monotonic()
+    for waiter in waiters:
+        waiter.finish(40)
+        assert waiter.error is None, repr(waiter.error)
+        assert waiter.result is True
+        # The bound: each waiter polls at least every wait_cap * queue_cap_factor = 5 s.
+        assert waiter.ended_at - released < 20.0
+    assert len(got) == 3 and len(set(got)) == 3
+
+
+# --- 5. blackhole during acquire(timeout=1) ---------------------------------------------------
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("when", ["before", "while-waiting", "latency"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_5_blackhole_during_acquire(client: Any, proxy: FaultProxy, kind: str, when: str) -> None:
+    """acquire(timeout=1) through a blackholed (or slow) link returns or raises within
+    1 + 2 * B + slack, where B is the client's bound on one command (see the module doc)."""
+    distlock.configure(wait_cap=0.5)
+    name = f"s5-{kind}"
+    other = make(kind, name, client)
+    assert other.acquire(blocking=False)
+    victim_client = bounded_client(proxy.port)
+    try:
+        victim = rival(kind, name, victim_client)
+
+        def attempt() -> Any:
+            return victim.acquire(timeout=1)
+
+        assert start(attempt).finish(10).result is False  # connections are up, all is well
+        if when == "before":
+            proxy.blackhole()
+            worker = start(attempt)
+        elif when == "while-waiting":
+            worker = start(attempt)
+            time.sleep(0.3)
+            proxy.blackhole()
+        else:
+            proxy.set_latency(SOCKET_TIMEOUT * 0.8)  # each way: every reply comes too late
+            worker = start(attempt)
+        worker.finish(60)
+        assert worker.elapsed <= 1.0 + 2 * B + SLACK, worker.elapsed
+        if worker.error is not None:
+            assert isinstance(worker.error, (redis.exceptions.ConnectionError,
+                                             redis.exceptions.TimeoutError)), repr(worker.error)
+        else:
+            assert worker.result is False
+        assert not victim.owned()
+    finally:
+        proxy.heal()
+        proxy.set_latency(0.0)
+        other.release()
+        victim_client.close()
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("lease", [1.0, None], ids=["explicit-lease", "watchdog"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_5_lost_grant_reply_does_not_outlive_its_lease(
+        client: Any, proxy: FaultProxy, kind: str, lease: Optional[float]) -> None:
+    """The server grants, the reply is lost: the caller gets an error, and the orphan hold
+    ends with its lease (nobody renews it)."""
+    orphan_lease = 4.0  # longer than B, or the orphan would be gone before the error arrives
+    distlock.configure(lease=orphan_lease, renew_interval=1.0)
+    name = f"s5r-{kind}"
+    victim_client = bounded_client(proxy.port)
+    try:
+        victim = make(kind, name, victim_client, lease=None if lease is None else orphan_lease)
+        assert victim.acquire(blocking=False)  # scripts loaded, connection up
+        victim.release()
+        proxy.blackhole("replies")
+        worker = start(lambda: victim.acquire(timeout=1)).finish(60)
+        assert worker.elapsed <= 1.0 + 2 * B + SLACK
+        assert isinstance(worker.error, (redis.exceptions.ConnectionError,
+                                         redis.exceptions.TimeoutError)), repr(worker.error)
+        assert not victim.owned()
+        left = lease_left_ms(client, name)
+        assert 0 < left <= orphan_lease * 1000, "the orphan grant has no lease, or a longer one"
+        time.sleep(left / 1000.0 + 0.5)  # past its lease, with watchdog rounds in between
+        assert lease_left_ms(client, name) < 0, "the orphan grant outlived its lease"
+        probe = make(kind, name, client)
+        assert probe.acquire(blocking=False)
+        probe.release()
+    finally:
+        proxy.heal()
+        victim_client.close()
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock"])  # the bound is the session's, whatever the primitive
+def test_5_client_without_socket_timeout_cannot_hang(client: Any, proxy: FaultProxy, kind: str) -> None:
+    """A client with socket_timeout=None would wait for ever on a blackholed server; the
+    session talks through a twin bounded by DEFAULT_IO_TIMEOUT (see distlock._redis.clients), so
+    acquire(timeout=1) still raises within 1 + 2 * DEFAULT_IO_TIMEOUT + slack."""
+    from distlock._redis.clients import DEFAULT_IO_TIMEOUT
+
+    name = f"s5n-{kind}"
+    other = make(kind, name, client)
+    assert other.acquire(blocking=False)
+    unbounded = proxy.client(socket_timeout=None, socket_connect_timeout=None,
+                             retry=Retry(NoBackoff(), 0))
+    try:
+        victim = rival(kind, name, unbounded)
+        assert start(lambda: victim.acquire(blocking=False)).finish(10).result is False
+        proxy.blackhole()
+        worker = start(lambda: victim.acquire(timeout=1)).finish(60)
+        assert worker.elapsed <= 1.0 + 2 * DEFAULT_IO_TIMEOUT + SLACK, worker.elapsed
+        assert isinstance(worker.error, (redis.exceptions.ConnectionError,
+                                         redis.exceptions.TimeoutError)), repr(worker.error)
+    finally:
+        proxy.heal()
+        other.release()
+        unbounded.close()
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", KINDS)
+def test_5_watchdog_reports_a_lease_lost_in_a_blackhole(client: Any, proxy: FaultProxy, kind: str) -> None:
+    """The holder's link to Redis goes silent: its watchdog's renewals time out (they have their
+    own connection, bounded by the renew interval, without retries), so on_lost fires about
+    when the lease runs out, not after the client's own minute of retries."""
+    distlock.configure(**FAST)
+    name = f"s5w-{kind}"
+    default_client = proxy.client()  # this redis-py's defaults: 5 s timeouts, 10 retries
+    try:
+        lock = make(kind, name, default_client)
+        assert start(lambda: lock.acquire(blocking=False)).finish(10).result is True
+        lost: List[float] = []
+        lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+        time.sleep(FAST["lease"])  # renewals go through
+        assert not lost
+        proxy.blackhole()
+        cut = time.monotonic()
+        assert faults.wait_until(lambda: bool(lost), FAST["lease"] + 10.0), "lease lost in silence"
+        assert lost[0] - cut <= FAST["lease"] + 2 * FAST["renew_interval"] + SLACK
+        assert faults.wait_until(lambda: lease_left_ms(client, name) < 0, 10)
+        assert not lock.owned()
+    finally:
+        proxy.heal()
+        default_client.close()
+
+
+# --- 6. SCRIPT FLUSH in the middle of a run ---------------------------------------------------
+
+@pytest.mark.cluster_too
+@pytest.mark.parametrize("kind", KINDS)
+def test_6_script_flush_mid_run(client: Any, kind: str) -> None:
+    distlock.configure(**FAST)
+    name = f"s6-{kind}"
+    kept = make(kind, f"{name}-kept", client)
+    assert kept.acquire(blocking=False)
+    lost: List[Any] = []
+    kept.on_lost(lost.append)
+    counter = f"s6-counter-{kind}"
+    stop = threading.Event()
+
+    def flusher() -> int:
+        n = 0
+        while not stop.is_set() and n < 400:
+            client.script_flush()
+            n += 1
+            time.sleep(0.01)
+        return n
+
+    def work() -> int:
+        lock = rival(kind, name, client)
+        for _ in range(40):
+            assert lock.acquire(timeout=20)
+            try:
+                client.set(counter, int(client.get(counter) or 0) + 1)
+            finally:
+                lock.release()
+        return 40
+
+    flush = start(flusher, "flusher")
+    workers = [start(work, f"worker-{i}") for i in range(3)]
+    try:
+        for worker in workers:
+            worker.finish(120)
+            assert worker.error is None, repr(worker.error)
+        time.sleep(FAST["lease"] * 1.5)  # renewals across flushes
+    finally:
+        stop.set()
+        flush.finish(30)
+    assert flush.result > 10
+    assert int(client.get(counter)) == 120
+    assert kept.owned() and not lost, "a renewal failed for good after SCRIPT FLUSH"
+    kept.release()
+
+
+# --- 7. maxmemory reached under noeviction -----------------------------------------------------
+
+def _fill_until_out_of_memory(full: redis.Redis, tag: str) -> None:
+    """Write filler keys until the server refuses one (bounded: 10,000 keys of 1 KB)."""
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        for i in range(10_000):
+            full.set(f"filler:{tag}:{i}", "x" * 1024)
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", KINDS)
+def test_7_out_of_memory_release_and_renew_still_work(client: Any, kind: str) -> None:
+    distlock.configure(**FAST)
+    with RedisServer(extra_args=["--maxmemory-policy", "noeviction"]) as server:
+        full = redis.Redis.from_url(server.url)
+        try:
+            watched = make(kind, f"s7-{kind}-w", full)
+            leased = make(kind, f"s7-{kind}-l", full, lease=30.0)
+            assert watched.acquire(blocking=False) and leased.acquire(blocking=False)
+            if PRIMITIVES[kind].reentrant:
+                assert watched.acquire(blocking=False)  # a level to give back under OOM
+            lost: List[Any] = []
+            watched.on_lost(lost.append)
+            used = int(full.info("memory")["used_memory"])
+            full.config_set("maxmemory", used + 256 * 1024)
+            _fill_until_out_of_memory(full, "a")
+            time.sleep(FAST["lease"] * 1.5)  # renewals out of memory
+            full.script_flush()  # and the NOSCRIPT path out of memory
+            time.sleep(FAST["lease"])
+            assert watched.owned() and not lost, "renewal failed out of memory"
+            # valkey-server counts its scripts' memory as used: the flush freed some of it
+            _fill_until_out_of_memory(full, "b")
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                make(kind, f"s7-{kind}-new", full).acquire(blocking=False)
+            if PRIMITIVES[kind].reentrant:
+                watched.release()  # one level
+                assert watched.owned()
+            watched.release()
+            leased.release()
+            assert lease_left_ms(full, f"s7-{kind}-w") < 0 and lease_left_ms(full, f"s7-{kind}-l") < 0
+        finally:
+            from distlock._session.session import reset_sessions
+
+            reset_sessions()
+            full.close()
+
+
+# --- 8. connection pool exhausted by user code --------------------------------------------
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("pool_timeout", [0.2, 20.0], ids=["pool-timeout-short", "pool-timeout-default"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_8_pool_exhausted_watchdog_renews_or_reports(url: str, client: Any, kind: str,
+                                                     pool_timeout: float) -> None:
+    distlock.configure(**FAST)
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=2, timeout=pool_timeout)
+    user = redis.Redis(connection_pool=pool)
+    taken: List[Any] = []
+    try:
+        name = f"s8-{kind}"
+        lock = make(kind, name, user)
+        assert lock.acquire(blocking=False)
+        lost: List[float] = []
+        lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+        token = lock.token
+        taken = [pool.get_connection() for _ in range(2)]  # user code takes every connection
+        exhausted_at = time.monotonic()
+        time.sleep(FAST["lease"] * 3)
+        alive = holds_token(client, name, token)
+        if not alive:
+            # Not renewed: it must have said so, by the time its lease ran out (plus a round).
+            assert lost, "the lease ran out while the watchdog stayed silent"
+            assert lost[0] - exhausted_at < FAST["lease"] + 1.0
+        for conn in taken:
+            pool.release(conn)
+        taken = []
+        if alive:
+            assert lock.owned() and not lost
+            lock.release()
+        else:
+            with pytest.raises(LockLostError):
+                lock.release()
+    finally:
+        for conn in taken:
+            pool.release(conn)
+        from distlock._session.session import reset_sessions
+
+        reset_sessions()
+        pool.disconnect()
+
+
+# --- 9. mutual-exclusion checker -----------------------------------------------------------
+
+@pytest.mark.cluster_too
+@pytest.mark.real_redis
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", CHECKED)
+def test_9_mutual_exclusion_8_processes(url: str, client: Any, tmp_path: Any, kind: str) -> None:
+    processes, holds = 8, 200
+    res = FencedResource(str(tmp_path))
+    procs = faults.start_checkers(url, kind, f"s9-{kind}", processes, holds, None, FAST, res,
+                                  str(tmp_path))
+    try:
+        for proc in procs:
+            proc.join(timeout=300)
+        assert all(proc.exitcode == 0 for proc in procs), [p.exitcode for p in procs]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=10)
+    intervals = faults.read_intervals(str(tmp_path), processes)
+    assert len(intervals) == processes * holds
+    assert all(iv[3] == "ok" for iv in intervals)
+    assert faults.overlaps(intervals) == []
+    tokens = [iv[2] for iv in intervals]
+    assert len(set(tokens)) == len(tokens), "two grants shared a token"
+    assert all(w.accepted for w in res.log()), "a write by the current holder was refused"
+
+
+@pytest.mark.cluster_too
+@pytest.mark.real_redis
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", CHECKED)
+def test_9_mutual_exclusion_with_sigstops(url: str, client: Any, tmp_path: Any, kind: str) -> None:
+    """Random SIGSTOPs of holders past their lease: holds that ended well never overlap, and
+    the fenced resource never accepts a token lower than one it accepted (stale writes were
+    tried, and refused)."""
+    processes, holds, lease = 8, 100, 0.5
+    res = FencedResource(str(tmp_path))
+    name = f"s9s-{kind}"
+    # The run lasts at least 10 s, whatever the lock's speed: time for 3 to 6 stops of 1.25 s.
+    procs = faults.start_checkers(url, kind, name, processes, holds, lease, {}, res, str(tmp_path),
+                                  min_seconds=10.0)
+    rng = random.Random(7)
+    stopped = 0
+    try:
+        deadline = time.monotonic() + 300
+        while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.05 + rng.random() * 0.2)
+            if stopped >= 6:
+                continue
+            info = None
+            for key in client.scan_iter(match=f"distlock:{{{name}}}*"):
+                if client.type(key) == b"hash" and client.hexists(key, ":i"):
+                    info = client.hget(key, ":i")
+            if not info:
+                continue
+            pid = int(info.rsplit(b":", 1)[1])
+            if pid not in [p.pid for p in procs]:
+                continue
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(lease * 2.5)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            stopped += 1
+        for proc in procs:
+            proc.join(timeout=max(1.0, deadline - time.monotonic()))
+        assert all(proc.exitcode == 0 for proc in procs), [p.exitcode for p in procs]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.kill()
+                proc.join(timeout=10)
+    assert stopped >= 3
+    intervals = faults.read_intervals(str(tmp_path), processes)
+    good = [iv for iv in intervals if iv[3] == "ok"]
+    assert faults.overlaps(good) == []
+    tokens = [iv[2] for iv in intervals]
+    assert len(set(tokens)) == len(tokens), "two grants shared a token"
+    log = res.log()
+    accepted = [w.token for w in log if w.accepted]
+    assert accepted == sorted(accepted), "the fenced resource accepted a stale token"
+    refused = [w for w in log if not w.accepted]
+    assert all(w.token < max(accepted) for w in refused)
+    assert any(iv[3] == "LockLostError" for iv in intervals), "no SIGSTOP fell inside a hold"
+
+
+# --- 10. pre-fork servers -----------------------------------------------------------------
+
+@pytest.mark.cluster_too
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", KINDS)
+def test_10_prefork_children_cannot_release_parents_hold(client: Any, kind: str) -> None:
+    name = f"s10-{kind}"
+    lock = make(kind, name, client)
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    pids = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads running
+            for i in range(4):
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the child
+                    os._exit(_prefork_child(kind, name, lock, i, client))
+                pids.append(pid)
+        codes = []
+        for pid in pids:
+            deadline = time.monotonic() + 60
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    codes.append(os.waitstatus_to_exitcode(status))
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    codes.append(-9)
+                    break
+                time.sleep(0.02)
+        pids = []
+        assert codes == [0, 0, 0, 0], codes
+        assert lock.owned() and lock.token == token
+        assert holds_token(client, name, token)
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        lock.release()
+
+
+def _prefork_child(kind: str, name: str, inherited: Any, i: int, client: Any) -> int:
+    """Exit codes: 0 fine; 1 released the parent's hold; 2 could not take its own; 3 other."""
+    try:
+        if inherited.owned() or inherited.token is not None:
+            return 1
+        try:
+            inherited.release()
+            return 1
+        except LockNotOwnedError:
+            pass
+        same = rival(kind, name, client)
+        if same.acquire(blocking=False):
+            return 1
+        own = make(kind, f"{name}-child-{i}", client)
+        if not own.acquire(timeout=10):
+            return 2
+        if own.token is None or not own.owned():
+            return 2
+        own.release()
+        if inherited.owned():
+            return 1
+        return 0
+    except BaseException:  # noqa: BLE001 - the child must always exit
+        import traceback
+
+        traceback.print_exc()
+        return 3
+
+
+# --- a condition's waiters through scenarios 3 and 4 --------------------------------------
+
+needs_condition = pytest.mark.skipif(not hasattr(distlock, "DistCondition"),
+                                     reason="DistCondition is not in this tree yet")
+
+
+def _cond_waiter(client: Any, name: str, timeout: float) -> Callable[[], Any]:
+    """wait(timeout) under the lock; returns (wait's result or "ConnectionError", whether the
+    lock was held afterwards). A wait that raises may leave the lock not held: it could not be
+    taken back from a server that was down."""
+    def wait() -> Any:
+        cond = distlock.DistCondition(name, client=client)  # type: ignore[attr-defined]
+        cond.acquire()
+        try:
+            result: Any = cond.wait(timeout=timeout)
+        except redis.exceptions.ConnectionError:
+            result = "ConnectionError"
+        owned = cond._is_owned()
+        if owned:
+            cond.release()
+        return result, owned
+    return wait
+
+
+@needs_condition
+@pytest.mark.real_redis
+@pytest.mark.parametrize("fault", ["restart", "client-kill"])
+def test_condition_waiters_survive_restart_and_pubsub_kill(backend: Any, url: str, client: Any,
+                                                           fault: str) -> None:
+    """cond.wait(timeout) never hangs: through a Redis restart each waiter returns (True or
+    False, holding the lock) or raises ConnectionError within its timeout plus the margin;
+    after a killed pub/sub connection, notify_all still wakes every waiter."""
+    distlock.configure(wait_cap=0.5, **FAST)
+    name = f"sc-{fault}"
+    timeout = 8.0 if fault == "restart" else 30.0
+    waiters = [start(_cond_waiter(client, name, timeout), f"cond-waiter-{i}") for i in range(3)]
+    session = session_for(client)
+    assert faults.wait_until(lambda: len(session.subscribed_channels()) >= 1, 10)
+    time.sleep(0.5)  # every waiter has joined the queue
+    if fault == "restart":
+        faults.restart_server(backend)
+    else:
+        before = pubsub_clients(client)
+        assert faults.kill_pubsub(client) >= 1
+        assert faults.wait_until(lambda: bool(pubsub_clients(client) - before), 10)
+    cond = distlock.DistCondition(name, client=client)  # type: ignore[attr-defined]
+    with cond:
+        cond.notify_all()
+    for waiter in waiters:
+        waiter.join(timeout + 30.0)
+    for waiter in waiters:
+        waiter.finish(1.0)
+        assert waiter.error is None, repr(waiter.error)
+        assert waiter.elapsed <= timeout + 15.0
+        result, owned = waiter.result
+        if fault == "client-kill":
+            assert result is True and owned, "a notified waiter was not woken"
+        elif result == "ConnectionError":
+            pass  # allowed through a restart: raised within the bound, never hung
+        else:
+            assert result in (True, False) and owned, "wait() returned without the lock"

@@ -1,0 +1,78 @@
+"""The watchdog thread: nothing stops it (docs/design.rst, principle 11).
+
+tests/primitives/test_lifetimes.py injects errors into the renewal round trip; these inject them into
+the rest of the thread's loop (its idle check, its deferred work), where an exception used to
+end the thread for good, leaving every hold unrenewed and none of them reported lost.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, List
+
+import pytest
+
+import distlock
+from distlock import DistLock, DistRLock
+from distlock._session.watchdog import Watchdog
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("cls", [DistLock, DistRLock])
+def test_an_error_in_the_idle_check_does_not_stop_the_renewals(
+        client: Any, cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    distlock.configure(lease=1.0, renew_interval=0.2)
+    lock = cls("wd-loop", client=client)
+    lost: List[Any] = []
+    lock.on_lost(lost.append)
+    real = Watchdog._idle_locked
+    failures = [3]
+
+    def flaky(self: Watchdog) -> bool:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise ZeroDivisionError("a bug in the idle check")
+        return real(self)
+
+    monkeypatch.setattr(Watchdog, "_idle_locked", flaky)
+    with lock:
+        time.sleep(2.5)  # two and a half leases: only renewals keep it
+        assert failures[0] == 0
+        assert lock.owned() and not lost
+        assert client.exists("distlock:{wd-loop}")
+        assert lock._session().watchdog.running
+
+
+@pytest.mark.real_redis
+def test_a_deferred_task_that_raises_anything_does_not_stop_the_watchdog(
+        client: Any) -> None:
+    distlock.configure(lease=1.0, renew_interval=0.2)
+    lock = DistLock("wd-deferred", client=client)
+    with lock:
+        session = lock._session()
+
+        def bad() -> None:
+            raise SystemExit("a task that raises what no 'except Exception' catches")
+
+        session.defer(bad)
+        time.sleep(2.5)
+        assert lock.owned()
+        assert client.exists("distlock:{wd-deferred}")
+        assert session.watchdog.running
+
+
+@pytest.mark.real_redis
+def test_configure_shortening_the_lease_applies_to_a_running_watchdog(client: Any) -> None:
+    """The watchdog reads the renew interval afresh: a hold taken after configure() shortened
+    the lease is renewed in time, even though the thread last slept on the old interval."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    warm = DistLock("wd-warm", client=client)
+    with warm:  # the watchdog thread is running, on the 10 s interval
+        distlock.configure(lease=1.0, renew_interval=0.2)
+        lock = DistLock("wd-short", client=client)
+        lost: List[Any] = []
+        lock.on_lost(lost.append)
+        with lock:
+            time.sleep(2.5)  # two and a half of the new leases: only renewals keep it
+            assert lock.owned() and not lost
+        assert not lost

@@ -1,0 +1,196 @@
+"""Small helpers the test suites share."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import selectors
+import subprocess
+import threading
+import time
+from typing import Any, Callable, List, Optional, Tuple
+
+import redis
+
+from distlock._redis.urls import client_from_url
+
+#: The loosest upper bound on anything that should be quick: only a hang fails it.
+BOUND = 20.0
+
+
+def scan_keys(client: Any, pattern: str) -> List[bytes]:
+    """The keys matching ``pattern`` on the server, or on every master of a cluster, sorted
+    (SCAN, never KEYS)."""
+    if isinstance(client, redis.RedisCluster):
+        return sorted(client.scan_iter(match=pattern, count=1000, target_nodes=redis.RedisCluster.PRIMARIES))
+    return sorted(client.scan_iter(match=pattern, count=1000))
+
+
+def distlock_keys(client: Any) -> List[str]:
+    """Every distlock key, sorted (``scan_keys``)."""
+    return [k.decode() for k in scan_keys(client, "distlock:*")]
+
+
+def sem_permits(client: Any, key: str) -> List[Tuple[bytes, float]]:
+    """The permits recorded in semaphore key ``key`` (expired ones included, counters left
+    out), as (id, lease deadline in server ms), by deadline. A permit taken at rest is scored
+    +inf in Redis: its deadline is the key's expiry, read here as the server's time + PTTL."""
+    if isinstance(client, redis.RedisCluster):  # its pipelines refuse TIME: ask the key's node
+        client = client.get_redis_connection(client.nodes_manager.get_node_from_slot(client.keyslot(key)))
+    with client.pipeline(transaction=False) as pipe:
+        pipe.zrangebyscore(key, 0, "+inf", withscores=True)
+        pipe.time()
+        pipe.pttl(key)
+        rows, (seconds, micros), pttl = pipe.execute()
+    expiry = seconds * 1000 + micros // 1000 + pttl
+    return sorted(((member, expiry if math.isinf(score) else score) for member, score in rows),
+                  key=lambda row: row[1])
+
+
+def settle(check: Callable[[], Any], bound: float) -> bool:
+    """Wait until ``check()`` is true, at most ``bound`` seconds; return whether it became so."""
+    deadline = time.monotonic() + bound
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def until(check: Callable[[], Any], bound: float = BOUND, what: str = "condition") -> None:
+    """Wait until ``check()`` is true; fail the test after ``bound`` seconds (``what``: what
+    the failure names)."""
+    deadline = time.monotonic() + bound
+    while not check():
+        assert time.monotonic() < deadline, f"{what} not reached within {bound} s"
+        time.sleep(0.02)
+
+
+_other_names = itertools.count(1)
+
+
+def other_client(url: str) -> Any:
+    """A client of ``url`` with a session of its own: another process, as far as distlock can
+    tell (each gets a client name of its own; a Cluster client always has a session of its
+    own)."""
+    if url.startswith("redis+cluster://"):
+        return client_from_url(url)
+    return redis.Redis.from_url(url, client_name=f"other-{next(_other_names)}")
+
+
+def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:
+    """('ok', value) or (exception type name, message): what a call did, for comparison."""
+    try:
+        return "ok", fn()
+    except Exception as exc:  # noqa: BLE001
+        return type(exc).__name__, str(exc)
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float = 60.0) -> str:
+    """The next line of ``proc``'s stdout, waiting at most ``timeout`` seconds."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise AssertionError(f"no output from {proc.args} within {timeout} s")
+    return proc.stdout.readline().strip()
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    try:
+        proc.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError):
+        pass
+
+
+# --- the same contract on a Redis Cluster ---------------------------------------------------
+
+#: A contract suite's type id with this suffix runs on the session's Redis Cluster
+#: (tests/support/_cluster.py) instead of the single test server: ``"DistLock@cluster"``.
+ON_CLUSTER = "@cluster"
+#: the suffix of a lock type on a Redlock quorum of five masters (tests/support/_redlock.py)
+ON_REDLOCK = "@redlock"
+
+
+#: ... and with this one through a Sentinel master client of the session's Sentinel set
+#: (tests/support/_sentinel.py): ``"DistLock@sentinel"``.
+ON_SENTINEL = "@sentinel"
+
+
+def base_type(type_id: str) -> str:
+    """``type_id`` without its topology suffix."""
+    for suffix in (ON_CLUSTER, ON_SENTINEL, ON_REDLOCK):
+        if type_id.endswith(suffix):
+            return type_id[: -len(suffix)]
+    return type_id
+
+
+def client_for(type_id: str, request: Any) -> Any:
+    """The blocking client a contract test of ``type_id`` talks through (a fixture's: cleaned
+    up after the test); for ``@redlock``, a list of five masters' clients."""
+    if type_id.endswith(ON_SENTINEL):
+        return request.getfixturevalue("sentinel_client")
+    if type_id.endswith(ON_REDLOCK):
+        return request.getfixturevalue("redlock_clients")
+    return request.getfixturevalue("cluster_client" if type_id.endswith(ON_CLUSTER) else "client")
+
+
+def url_for(type_id: str, request: Any) -> str:
+    """The URL of the server (or cluster, or Sentinel set) a contract test of ``type_id``
+    talks to."""
+    if type_id.endswith(ON_SENTINEL):
+        return str(request.getfixturevalue("sentinel_url"))
+    return str(request.getfixturevalue("cluster_url" if type_id.endswith(ON_CLUSTER) else "url"))
+
+
+def subscribers(client: Any, channel: str, sharded: bool = False) -> int:
+    """How many connections wait for hints on ``channel``: subscribed to it on the server (with
+    SSUBSCRIBE when ``sharded``), or on a cluster subscribed with SSUBSCRIBE on the master of its
+    slot."""
+    if isinstance(client, redis.RedisCluster):
+        client = client.get_redis_connection(client.nodes_manager.get_node_from_slot(client.keyslot(channel)))
+        sharded = True
+    if sharded:
+        return int(client.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1])
+    return int(client.pubsub_numsub(channel)[0][1])
+
+
+
+
+
+class Worker(threading.Thread):
+    """A thread that runs ``fn`` once and keeps its result, exception and timing."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "fault-worker") -> None:
+        super().__init__(name=name, daemon=True)
+        self.fn = fn
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.started_at = 0.0
+        self.ended_at = 0.0
+
+    def run(self) -> None:
+        self.started_at = time.monotonic()
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - inspected by the test
+            self.error = exc
+        finally:
+            self.ended_at = time.monotonic()
+
+    @property
+    def elapsed(self) -> float:
+        return self.ended_at - self.started_at
+
+    def finish(self, timeout: float) -> Worker:
+        self.join(timeout)
+        assert not self.is_alive(), f"{self.name} still running after {timeout}s: it hangs"
+        return self
+
+
+def start(fn: Callable[[], Any], name: str = "fault-worker") -> Worker:
+    worker = Worker(fn, name)
+    worker.start()
+    return worker
