@@ -141,19 +141,23 @@ class _Runner:
                 pass
 
     def monitor(self) -> None:
-        """Check every RUN_CHECK_EVERY seconds that the hold is still ours; with an explicit
-        lease, declare it lost when it runs out (nothing renews it)."""
+        """Check every RUN_CHECK_EVERY seconds that the hold is still ours, and declare it lost
+        at its local deadline (docs/safety.rst, "Belief keeps time"): an explicit lease is never
+        renewed, and a watchdog lease whose renewals did not get through ends there too."""
         hold = self.hold
-        expires_at = getattr(hold, "expires_at", None) if self.args.lease is not None else None
         while not self._stop.is_set():
             wait = RUN_CHECK_EVERY
+            # the hold's local deadline moves with every renewal: read it afresh
+            expires_at = getattr(hold, "expires_at", None)
             if expires_at is not None:
                 wait = min(wait, max(0.0, expires_at - time.monotonic()))
             if self._stop.wait(wait):
                 return
-            if expires_at is not None and time.monotonic() >= expires_at:
-                self._mark_lost(hold, f"its lease of {self.args.lease:g} s ran out "
-                                      "(--lease is never renewed)")
+            if (expires_at is not None and not getattr(hold, "lost", False)
+                    and time.monotonic() >= hold.expires_at):
+                self._mark_lost(hold, f"its lease of {self.args.lease:g} s ran out (--lease is never "
+                                      "renewed)" if self.args.lease is not None else
+                                      "its lease ran out before a renewal reached the server")
                 return
             if hold is None or getattr(hold, "lost", False):
                 continue

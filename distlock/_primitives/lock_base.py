@@ -145,13 +145,24 @@ class _LockBase(SessionUser):
         tokens do not compose: it is not promised to increase (docs/guides/redlock.rst).
         """
         hold = self._current(self._session())
-        return hold.token if hold is not None and not hold.lost else None
+        return hold.token if hold is not None and hold.believed() else None
 
     def owned(self) -> bool:
         """True when the caller (this thread for DistRLock, this object for DistLock) holds
-        the lock and its lease is not known to be lost. Needs no round trip."""
+        the lock: its hold is not known to be lost, its connection to the server was not reset
+        since its last renewal, and its local deadline (the send time of its last acknowledged
+        grant or renewal, plus the lease) has not passed. Needs no round trip
+        (docs/safety.rst, "Belief keeps time")."""
         hold = self._current(self._session())
-        return hold is not None and not hold.lost
+        return hold is not None and hold.believed()
+
+    def valid_for(self) -> float:
+        """Seconds for which the caller's hold is still known to be valid, 0.0 when it has
+        none; no round trip. Call it right before a side effect that the lock protects, and
+        give the resource the fencing ``token`` too, so that it can refuse a holder that was
+        paused past this (docs/safety.rst, "Belief keeps time")."""
+        hold = self._current(self._session())
+        return 0.0 if hold is None else hold.valid_for()
 
     def on_lost(self, callback: Callable[[Any], Any]) -> None:
         """Call ``callback(lock)`` when a hold taken through this object is found lost.

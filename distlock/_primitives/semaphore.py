@@ -312,6 +312,22 @@ class DistSemaphore(SessionUser):
 
     # --- what a distributed semaphore adds ----------------------------------------------------
 
+    def valid_for(self) -> float:
+        """Seconds for which a permit the caller holds (this thread's; the task's in
+        ``distlock.asyncio``) is still known to be valid, 0.0 when it holds none; no round
+        trip. With several, the longest. As a lock's ``valid_for`` (docs/safety.rst, "Belief
+        keeps time"): past it the permit may be someone else's, and ``on_lost`` has fired."""
+        session = self._peek_session()
+        if session is None:
+            return 0.0
+        own = f"{session.id}:{self._me()}:"
+        key = self._keys.sem
+        best = 0.0
+        for (hold_key, owner), hold in list(session.holds.items()):
+            if hold_key == key and owner.startswith(own) and not hold.releasing:
+                best = max(best, hold.valid_for())
+        return best
+
     def on_lost(self, callback: Callable[[Any], Any]) -> None:
         """Call ``callback(semaphore)`` when a permit taken through this object is found lost
         (the watchdog could not renew it before its lease ran out). It runs in the watchdog

@@ -200,6 +200,9 @@ class AsyncPort:
             return await self._script(script, keys, args, ("WAIT", *acks))
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
+        except redis.ConnectionError as exc:
+            self.session.connection_failed(exc)  # its holds are suspended (``Watchdog.suspend``)
+            raise
         finally:
             self._free += 1
             if self._gate_waiters:

@@ -40,14 +40,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import select
+import socket
 import threading
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import redis
 from redis.commands.core import Script
 
 from .._core.settings import settings
-from .clients import renewer
+from .clients import DEFAULT_IO_TIMEOUT, renewer
 from .scripts import locate, script_names, script_source
 
 __all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "sender", "packer",
@@ -73,12 +76,16 @@ class Executor:
         self.scripts = {name: Script(client, script_source(name)) for name in script_names()}
         self._execute = sender(client if real is None else real, client)
         self._execute_pair = pair_sender(client if real is None else real, client)
+        #: its connections would wait for ever for a reply (``socket_timeout=None``)
+        self._unbounded = unbounded(client if real is None else real)
         #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
         #: condition only for the rare caller that finds it empty.
         self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
         self._gate_cond = threading.Condition(threading.Lock())
         self._gate_waiting = 0
         self._renewer: Any = None  # (renew interval, client), made on the first renewal
+        #: sockets of the watchdog's connection already reported closed (``renewal_reset``)
+        self._reset_seen: weakref.WeakSet[Any] = weakref.WeakSet()
         #: scripts loaded before their first run with ``acks`` (see ``run``)
         self._preloaded: Set[str] = set()
 
@@ -164,7 +171,10 @@ class Executor:
                 self._gate_waiting -= 1
 
     def read(self, *command: Any) -> Any:
-        """One command that is safe to repeat (see the module's docstring)."""
+        """One command that is safe to repeat (see the module's docstring). A client whose
+        connections have no socket timeout reads on the direct path, bounded (``read_bounded``)."""
+        if self._unbounded:
+            return self._execute(*command)
         return self.client.execute_command(*command)
 
     def batch(self) -> Batch:
@@ -173,7 +183,11 @@ class Executor:
 
     def renewal_batch(self) -> Batch:
         """A pipeline on the watchdog's own connection (see the module's docstring); it is
-        remade when configure() changed the renew interval. Called from one thread only."""
+        remade when configure() changed the renew interval. Called from one thread only (the
+        watchdog's renewal worker)."""
+        return Batch(self.scripts, self._renewal_client())
+
+    def _renewal_client(self) -> Any:
         interval = settings().renew_interval
         current = self._renewer
         if current is None or current[0] != interval:
@@ -181,7 +195,35 @@ class Executor:
             self._renewer = (interval, self.client if twin is None else twin)
             if current is not None and current[1] is not self.client:
                 disconnect_quietly(current[1])
-        return Batch(self.scripts, self._renewer[1])
+        return self._renewer[1]
+
+    def open_renewal(self) -> None:
+        """Connect the watchdog's own connection now (on the renewal worker, when a session
+        gets its first hold), so that a reset of it can be seen before the first renewal
+        (``renewal_reset``). A client that renews through its own pool is left alone."""
+        client = self._renewal_client()
+        pool = getattr(client, "connection_pool", None)
+        if client is self.client or not isinstance(pool, redis.ConnectionPool):
+            return
+        conn = taker(pool)()
+        pool.release(conn)
+
+    def renewal_reset(self) -> bool:
+        """True when the server closed an idle connection of the watchdog's own since this was
+        last asked (a restart, a failover, a dropped link), each such connection once. No I/O:
+        a non-blocking peek at each idle socket, from the watchdog thread."""
+        found = False
+        for pool in self._renewal_pools():
+            found = closed_idle(pool, self._reset_seen) or found
+        return found
+
+    def _renewal_pools(self) -> List[Any]:
+        """The pools of the watchdog's own connections (none while it renews through the
+        session's client)."""
+        current = self._renewer
+        if current is None or current[1] is self.client:
+            return []
+        return [current[1].connection_pool]
 
     def margin(self, lease_ms: int) -> float:
         """How much sooner than ``lease_ms`` after it was sent a grant or renewal must be taken
@@ -264,6 +306,38 @@ def demoted(exc: BaseException) -> bool:
     redirection, it may be sent again (docs/design.rst, principle 13), on a new connection."""
     return isinstance(exc, redis.exceptions.ConnectionError) and \
         isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
+
+
+def closed_idle(pool: Any, seen: Any) -> bool:
+    """True when the server closed an idle connection of ``pool`` whose socket ``seen`` (a
+    WeakSet) does not hold yet; each such socket goes into ``seen``. A non-blocking peek at
+    the sockets redis-py keeps idle, so it never touches one a request is using."""
+    found = False
+    for conn in list(getattr(pool, "_available_connections", ()) or ()):
+        sock = getattr(conn, "_sock", None)
+        if sock is None or sock in seen:
+            continue
+        try:
+            if select.select([sock], [], [], 0)[0] and sock.recv(1, socket.MSG_PEEK) == b"":
+                seen.add(sock)
+                found = True
+        except (OSError, ValueError):
+            seen.add(sock)
+            found = True
+    return found
+
+
+def unbounded(client: Any) -> bool:
+    """True for a client on redis-py's pool (or a single connection) whose connections have no
+    socket timeout: ``read`` then takes the bounded direct path. Not for a subclass that
+    overrides ``execute_command``: distlock's reads go through the user's override."""
+    if _lender(client) is None or type(client).execute_command is not redis.Redis.execute_command:
+        return False
+    single = getattr(client, "connection", None)
+    if single is not None:
+        return getattr(single, "socket_timeout", 0) is None
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return "socket_timeout" not in kwargs or kwargs["socket_timeout"] is None
 
 
 def disconnect_quietly(client: Any) -> None:
@@ -384,6 +458,27 @@ def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
     return pack
 
 
+def _reads_with_timeout() -> bool:
+    """redis-py's ``Connection.read_response`` takes a ``timeout`` (5.0+)."""
+    try:
+        return "timeout" in inspect.signature(redis.Connection.read_response).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+_READ_TIMEOUT = _reads_with_timeout()
+
+
+def read_bounded(conn: Any) -> Any:
+    """``conn.read_response()``, bounded by ``DEFAULT_IO_TIMEOUT`` where the connection has no
+    socket timeout of its own (a user's client made with ``socket_timeout=None``): every round
+    trip distlock makes is bounded (docs/design.rst, principle 14). A read that times out
+    raises redis-py's TimeoutError and drops the connection, as redis-py's own timeout does."""
+    if _READ_TIMEOUT and getattr(conn, "socket_timeout", 0) is None:
+        return conn.read_response(timeout=DEFAULT_IO_TIMEOUT)
+    return conn.read_response()
+
+
 def _pooled(pool: Any) -> Callable[..., Any]:
     take = taker(pool)
     give_back = pool.release
@@ -394,7 +489,7 @@ def _pooled(pool: Any) -> Callable[..., Any]:
         conn = take()
         try:
             conn.send_packed_command(packed)
-            return conn.read_response()
+            return read_bounded(conn)
         except redis.exceptions.ResponseError:
             raise  # the whole reply was read: the connection is clean
         except BaseException:
@@ -430,11 +525,11 @@ def read_pair(conn: Any) -> Tuple[Any, Any]:
     connection): the second is read even when the first is an error, which is then raised,
     so that the connection is left clean; the second's error is returned as its reply."""
     try:
-        first: Any = conn.read_response()
+        first: Any = read_bounded(conn)
     except redis.exceptions.ResponseError as exc:
         first = exc
     try:
-        second: Any = conn.read_response()
+        second: Any = read_bounded(conn)
     except redis.exceptions.ResponseError as exc:
         second = exc
     if isinstance(first, Exception):

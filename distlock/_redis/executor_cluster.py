@@ -175,6 +175,13 @@ class ClusterExecutor(Executor):
             known = self._renewers[node.name] = (interval, twin)
         return known[1]
 
+    def open_renewal(self) -> None:
+        """Nothing: the watchdog's connection to a node is made with its first renewal."""
+
+    def _renewal_pools(self) -> List[Any]:
+        return [twin.connection_pool for _, twin in list(self._renewers.values())
+                if twin is not None and hasattr(twin, "connection_pool")]
+
     def drop_renewal(self) -> None:
         renewers, self._renewers = self._renewers, {}
         for _, twin in renewers.values():

@@ -318,6 +318,13 @@ class QuorumExecutor(FanOut, Executor):
     def renewal_batch(self) -> QuorumBatch:
         return QuorumBatch(self)
 
+    def open_renewal(self) -> None:
+        """Nothing: a master's renewals go through its private twin, made with its client."""
+
+    def renewal_reset(self) -> bool:
+        """Never: a quorum outlives one master's restart (it sits out a lease instead)."""
+        return False
+
     def drop_renewal(self) -> None:
         pass  # the masters' twins serve every kind of traffic: closed with the session
 

@@ -43,6 +43,8 @@ import uuid
 import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple, TypeVar
 
+import redis
+
 from .._core.flow import Flow, drive
 from .._core.settings import settings
 from .._core.shares import Runs
@@ -181,8 +183,18 @@ class Session:
 
     def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
             acks: Optional[Tuple[int, int]] = None) -> Any:
-        """Script ``name``, a state change, sent once by the executor (``Executor.run``)."""
-        return self.executor.run(name, keys, args, acks)
+        """Script ``name``, a state change, sent once by the executor (``Executor.run``). A
+        connection that failed suspends belief in this session's holds until a renewal
+        confirms them (``Watchdog.suspend``)."""
+        try:
+            return self.executor.run(name, keys, args, acks)
+        except redis.ConnectionError as exc:
+            self.connection_failed(exc)
+            raise
+
+    def connection_failed(self, exc: BaseException) -> None:
+        """A connection to this session's server failed (``exc``): suspend its holds."""
+        self.watchdog.suspend(f"a connection to the server failed ({exc!r})")
 
     def read(self, *command: Any) -> Any:
         """One command that is safe to repeat (``Executor.read``)."""

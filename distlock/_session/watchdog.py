@@ -1,13 +1,26 @@
-"""Holds, and the watchdog thread that renews a session's watchdog holds in batches.
+"""The watchdog: the registry of a session's holds, the thread that keeps their deadlines, and
+the batched renewal of the watchdog holds.
 
-No exception of any kind stops the watchdog (docs/design.rst, principle 11): a renewal that fails for
-any reason, a Redis error or not (redis-py's cluster pipeline raises RedisClusterException,
-which is not a RedisError), is logged and tried again soon, and a hold whose lease has passed
-without a renewal is reported lost: ``on_lost`` runs, ``owned()`` turns False, ``release()``
-raises LockLostError.
+The watchdog thread keeps time and does no I/O (docs/design.rst, principle 14). It wakes for
+the earliest local deadline of the holds it serves (``Hold.expires_at``, watchdog holds and
+fixed leases alike) and reports a hold lost there, whatever I/O is in flight; it starts a
+renewal round every ``renew_interval`` on the ``renewals`` worker, and hands the clean-up round
+trips that releases leave behind (``defer``, ``defer_at``, abandoned holds) to the ``chores``
+worker. So a renewal that hangs on a blackholed network, or a clean-up on a connection without
+a timeout, delays neither ``on_lost`` nor each other.
 
-The thread starts with the first watchdog hold (or deferred task) and exits after
-``IDLE_EXIT`` seconds with neither; it starts again on demand.
+No exception of any kind stops the watchdog (docs/design.rst, principle 11): a renewal that
+fails for any reason, a Redis error or not (redis-py's cluster pipeline raises
+RedisClusterException, which is not a RedisError), is logged and tried again soon, and a hold
+whose deadline has passed without a renewal is reported lost: ``on_lost`` runs, ``owned()``
+turns False, ``release()`` raises LockLostError. A renewal that comes back after its hold was
+reported lost gives the hold back, since nobody believes it any more.
+
+A connection to the server that was reset (``suspend``) suspends belief in every hold until a
+renewal confirms it (it is believed again) or finds it gone (it is lost).
+
+The thread starts with the first hold (or deferred task) and exits after ``IDLE_EXIT`` seconds
+with neither; it starts again on demand.
 """
 
 from __future__ import annotations
@@ -17,13 +30,16 @@ import heapq
 import logging
 import threading
 import time
-import weakref
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+
+import redis
 
 from .._core.outcomes import ENDED, RENEWED, renewal
 from .._core.replicas import batch_wait, renewal_counts
 from .._core.settings import settings
-from .metrics import Meter, renewed
+from .hold import Hold
+from .metrics import renewed
+from .worker import Worker
 
 __all__ = ["Hold", "Watchdog", "IDLE_EXIT"]
 
@@ -34,69 +50,6 @@ log = logging.getLogger("distlock")
 #: threads a test started to end.
 IDLE_EXIT = 0.2
 TICK = 0.1
-
-#: renew(batch, hold, lease_ms): queue one renewal of a hold on ``batch`` (an ``_redis.executor.Batch``).
-Renew = Callable[[Any, "Hold", int], Any]
-#: end(hold): give the whole hold back (one round trip); used at interpreter exit.
-End = Callable[["Hold"], Any]
-#: notify(listener): tell one of the hold's listeners (a primitive) that the hold was lost.
-Notify = Callable[[Any], Any]
-
-
-class Hold:
-    """What this process knows of one hold it was granted.
-
-    ``count`` mirrors the reentrancy count kept in Redis; ``token`` is the fencing token of the
-    grant. ``lost`` is set once the hold is found gone or someone else's; after that ``release``
-    raises LockLostError and the watchdog leaves it alone.
-    """
-
-    __slots__ = (
-        "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
-        "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
-        "pending", "acks",
-        "__weakref__",
-    )
-
-    def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
-                 watchdog: bool, lease_ms: int, sent_at: float, renew: Renew,
-                 end: Optional[End] = None, notify: Optional[Notify] = None,
-                 meter: Optional[Meter] = None, grant: bool = False,
-                 acks: Optional[Tuple[int, int]] = None) -> None:
-        self.session = session
-        self.key = key
-        self.owner = owner
-        self.token = token
-        self.count = count
-        self.watchdog = watchdog
-        self.lease_ms = lease_ms
-        #: monotonic time by which the lease runs out unless renewed (counted from the moment the
-        #: grant was *sent*, so it is never later than the server's own deadline)
-        self.expires_at = sent_at + lease_ms / 1000.0
-        self.lost = False
-        #: set while a release of this hold is in flight: a renewal that finds the hold gone
-        #: then raced the release, and says nothing about a lost lease
-        self.releasing = False
-        #: the primitive objects to tell when the hold is found lost, through ``notify``
-        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
-        self.notify = notify
-        #: the primitive that made the hold knows its script and keys
-        self.renew = renew
-        self.end = end
-        #: what must stay alive while the hold does (the user's client, for a session that
-        #: talks through it)
-        self.pin: Any = None
-        #: the primitive's meter (``_session.metrics``): renewals and a lost lease count there
-        self.meter = meter
-        #: for a grant (a lock, a permit; not a waiter's lease): when it was sent, until its
-        #: hold time is recorded (then 0.0)
-        self.granted_at = sent_at if grant else 0.0
-        #: an asyncio release of this hold still in flight (``_core.flow.Started``), which a
-        #: re-entry by the same task waits for
-        self.pending: Any = None
-        #: (k, timeout ms) for a hold of a primitive made with ``min_replicas``: a renewal
-        #: counts (advances ``expires_at``) only once k replicas acknowledged it; None: 0
-        self.acks = acks
 
 
 class Watchdog:
@@ -121,6 +74,15 @@ class Watchdog:
         self._timed: List[Tuple[float, int, Callable[[], object]]] = []
         self._timed_seq = 0
         self._abandoned: Deque[Hold] = collections.deque()  # see ``abandon``
+        #: the I/O the thread hands off (see the module's docstring)
+        self.renewals = Worker(f"distlock-renewals-{tag}")
+        self.chores = Worker(f"distlock-chores-{tag}")
+        #: a renewal round is in flight on ``renewals``; when the last one ended, and what it
+        #: asked for (None: all went through; else the delay before the next try)
+        self._round_busy = False
+        self._round_ended: Optional[Tuple[float, Optional[float]]] = None
+        #: set by ``suspend``: a round is due at once, to confirm or lose the suspended holds
+        self._confirm = False
         self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
         self.closed = False
 
@@ -128,9 +90,17 @@ class Watchdog:
 
     def add(self, hold: Hold) -> None:
         with self.mutex:
+            first = not self.holds
             self.holds[(hold.key, hold.owner)] = hold
-            if hold.watchdog:
-                self._ensure_locked()
+            self._ensure_locked()  # it keeps every hold's deadline, fixed leases' too
+        if first:
+            self.renewals.submit(self._open_renewal)
+
+    def _open_renewal(self) -> None:
+        try:
+            self._executor().open_renewal()
+        except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
+            log.debug("distlock: could not open the watchdog's connection: %r", exc)
 
     def drop(self, hold: Hold) -> bool:
         """Forget ``hold``; return True when no hold is left."""
@@ -208,8 +178,14 @@ class Watchdog:
 
     def _idle_locked(self) -> bool:
         # a snapshot: ``abandon`` may drop a hold from any thread without the mutex
-        return not self._deferred and not self._abandoned and not self._timed and not any(
-            h.watchdog and not h.lost for h in list(self.holds.values()))
+        return (not self._deferred and not self._abandoned and not self._timed
+                and not self._round_busy and not self.chores.busy
+                and not any(not h.lost for h in list(self.holds.values())))
+
+    def _earliest_deadline(self) -> Optional[float]:
+        """The earliest local deadline of a hold that is still believed, or None."""
+        deadlines = [h.expires_at for h in list(self.holds.values()) if not h.lost]
+        return min(deadlines) if deadlines else None
 
     # --- the thread ---------------------------------------------------------------------------
 
@@ -233,6 +209,9 @@ class Watchdog:
         while not self.closed:
             # Every step is inside the ``try``: nothing may stop the watchdog.
             try:
+                ended, self._round_ended = self._round_ended, None
+                if ended is not None:
+                    last_round, retry_after = ended
                 # Read the interval afresh each time: configure() may have shortened it (and
                 # the lease with it) since the last round.
                 interval = retry_after if retry_after is not None else settings().renew_interval
@@ -249,24 +228,94 @@ class Watchdog:
                     self._idle = idle_since is not None
                 # Look again at least every TICK, so that the thread notices its last hold is
                 # gone without the release having to wake it (that would cost every release a
-                # thread switch).
+                # thread switch); and at the earliest deadline, to end belief in it on time.
                 wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
                 timed = self._timed
                 if timed:
                     wait = min(wait, timed[0][0] - now)
+                deadline = self._earliest_deadline()
+                if deadline is not None:
+                    wait = min(wait, deadline - now)
                 self._kick.wait(max(0.0, wait))
                 self._kick.clear()
                 if self.closed:
                     return
-                self._run_deferred()
-                if time.monotonic() < renew_at:
-                    continue  # woken for deferred work, or to check for idleness
-                retry_after = self.renew_all()
+                self._expire_due()
+                self._hand_off_chores()
+                if self.holds and self._executor().renewal_reset():
+                    self.suspend("the server closed the watchdog's connection")
+                if self._round_busy:
+                    continue  # one round at a time; its end wakes the thread
+                if not self._confirm and time.monotonic() < renew_at:
+                    continue  # woken for a deadline, deferred work, or to check for idleness
+                self._confirm = False
+                self._round_busy = True
+                self.renewals.submit(self._round)
             except BaseException:  # noqa: BLE001 - nothing may stop the watchdog
                 log.exception("distlock: watchdog error; retrying")
                 retry_after = min(1.0, settings().renew_interval)
+                last_round = time.monotonic()
                 time.sleep(min(TICK, retry_after))  # never a hot loop
-            last_round = time.monotonic()
+
+    def _round(self) -> None:
+        """One renewal round, on the ``renewals`` worker; its end wakes the watchdog thread."""
+        result: Optional[float] = min(1.0, settings().renew_interval)
+        try:
+            result = self.renew_all()
+        except BaseException:  # noqa: BLE001 - nothing may stop the renewals
+            log.exception("distlock: renewal round failed; retrying")
+        finally:
+            self._round_ended = (time.monotonic(), result)
+            self._round_busy = False
+            self._kick.set()
+
+    def _expire_due(self) -> None:
+        """End belief in every hold whose local deadline has passed (no I/O): ``on_lost``
+        fires now, whatever renewal is in flight."""
+        now = time.monotonic()
+        for hold in list(self.holds.values()):
+            if hold.lost or hold.releasing or now < hold.expires_at:
+                continue
+            if hold.watchdog:
+                cause = "its lease ran out unrenewed"
+            else:
+                cause = f"its lease of {hold.lease_ms / 1000.0:g} s ran out"
+            self._on_lost(hold, cause)
+
+    def _hand_off_chores(self) -> None:
+        """Give the due clean-ups (deferred, timed, abandoned holds) to the ``chores`` worker."""
+        if self._abandoned:
+            abandoned = []
+            while self._abandoned:
+                abandoned.append(self._abandoned.popleft())
+            self.chores.submit(lambda: self._give_back(abandoned, "a lock object was garbage collected "
+                                                                  "while it"))
+        now = time.monotonic()
+        while True:
+            try:
+                task = self._deferred.popleft()
+            except IndexError:
+                with self.mutex:
+                    if not self._timed or self._timed[0][0] > now:
+                        return
+                    task = heapq.heappop(self._timed)[2]
+            self.chores.submit(task)
+
+    def suspend(self, why: str) -> None:
+        """The connection to this session's server was reset (``why``): stop believing every
+        hold until a renewal round, started at once, confirms it or finds it gone."""
+        suspended = 0
+        for hold in list(self.holds.values()):
+            if not hold.lost and not hold.suspended:
+                hold.suspended = True
+                suspended += 1
+        if suspended:
+            log.info("distlock: %s; %d hold(s) not believed until a renewal confirms them",
+                     why, suspended)
+            with self.mutex:
+                self._confirm = True
+                self._ensure_locked()
+            self._kick.set()
 
     def _give_back(self, holds: Iterable[Hold], why: str) -> None:
         for hold in holds:
@@ -279,34 +328,18 @@ class Watchdog:
                 log.warning("distlock: could not give back %s: %r", hold.key, exc)
             self.drop(hold)
 
-    def _run_deferred(self) -> None:
-        abandoned = []
-        while self._abandoned:
-            abandoned.append(self._abandoned.popleft())
-        self._give_back(abandoned, "a lock object was garbage collected while it")
-        now = time.monotonic()
-        while True:
-            try:
-                task = self._deferred.popleft()
-            except IndexError:
-                with self.mutex:
-                    if not self._timed or self._timed[0][0] > now:
-                        return
-                    task = heapq.heappop(self._timed)[2]
-            try:
-                task()
-            except Exception:  # noqa: BLE001 - a clean-up must not kill the watchdog
-                log.debug("distlock: deferred clean-up failed", exc_info=True)
-
     def renew_all(self) -> Optional[float]:
-        """Renew every live watchdog hold in one pipelined round trip.
+        """Renew every live watchdog hold in one pipelined round trip, and confirm every
+        suspended fixed-lease hold in the same one (renewed to no more than what is left of its
+        local lease: a fixed lease is never lengthened).
 
         Return None when all went through, or a short delay before the next try after a
         failure of any kind. A hold that cannot be renewed before its lease runs out is marked
-        lost: a renewal that fails is never silent.
+        lost: a renewal that fails is never silent. A connection reset suspends the holds.
         """
         with self.mutex:
-            holds = [h for h in list(self.holds.values()) if h.watchdog and not h.lost]
+            holds = [h for h in list(self.holds.values())
+                     if not h.lost and (h.watchdog or h.suspended)]
         if not holds:
             return None
         lease_ms = max(1, int(settings().lease * 1000))
@@ -323,7 +356,13 @@ class Watchdog:
             queued = []
             for hold in holds:
                 try:
-                    hold.renew(batch, hold, lease_ms)
+                    if hold.watchdog:
+                        hold.renew(batch, hold, lease_ms)
+                    else:
+                        left_ms = int(hold.valid_for_if_confirmed() * 1000)
+                        if left_ms <= 0:
+                            continue  # it ends now anyway: nothing to confirm
+                        hold.renew(batch, hold, left_ms)
                     queued.append(hold)
                 except Exception as exc:  # noqa: BLE001 - one primitive's bug is not everyone's loss
                     log.exception("distlock: watchdog could not queue the renewal of %s", hold.key)
@@ -333,6 +372,8 @@ class Watchdog:
             replies = batch.execute(raise_on_error=False) if holds else []
         except Exception as exc:  # noqa: BLE001 - any failure: retry, and report what ran out
             log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
+            if isinstance(exc, redis.ConnectionError) and not isinstance(exc, redis.TimeoutError):
+                self.suspend(f"the connection to the server failed ({exc!r})")
             failures: Dict[Any, List[int]] = {}
             for hold in holds:
                 failures.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])[1] += 1
@@ -343,6 +384,7 @@ class Watchdog:
         tally: Dict[Any, List[int]] = {}  # per series: [renewed, failed]
         acked = batch.acked if wait is not None else None
         unacked: List[Hold] = []
+        late: List[Hold] = []
         for i, (hold, reply) in enumerate(zip(holds, replies)):
             counts = tally.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])
             if isinstance(reply, Exception):
@@ -358,10 +400,17 @@ class Watchdog:
                 failed = True
                 counts[1] += 1
                 unacked.append(hold)
+            elif outcome is RENEWED and hold.lost:
+                # It came back after its deadline had ended belief in it: nobody believes it,
+                # so give it back rather than keep it for a lease
+                counts[1] += 1
+                late.append(hold)
             elif outcome is RENEWED:
                 counts[0] += 1
-                hold.lease_ms = lease_ms
-                hold.expires_at = sent_at + lease_ms / 1000.0 - executor.margin(lease_ms)
+                if hold.watchdog:
+                    hold.lease_ms = lease_ms
+                    hold.expires_at = sent_at + lease_ms / 1000.0 - executor.margin(lease_ms)
+                hold.suspended = False
             elif outcome is ENDED:
                 self.drop(hold)  # ended without a loss (a permit released on our behalf)
             else:
@@ -369,6 +418,8 @@ class Watchdog:
                 if not hold.releasing and self.registered(hold):
                     self._on_lost(hold, "a renewal found it gone or someone else's")
         _record_renewals(tally, rtt)
+        if late:
+            self._give_back_lost(late)
         if unacked:
             self._expire(unacked, cause="too few replicas acknowledged its renewals before its "
                                         "last acknowledged lease ran out")
@@ -407,6 +458,8 @@ class Watchdog:
         thread = self._thread
         if join and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=3.0)
+        self.renewals.close(join)
+        self.chores.close(join)
         self._drop_renewer()
 
 

@@ -415,3 +415,36 @@ def test_nothing_left_running(url: str, client: redis.Redis) -> None:
     import gc
     gc.collect()
     assert not live_ports().get(seen[0])  # the client is gone, and its port with it
+
+
+# --- belief keeps time (docs/safety.rst) ------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_belief_ends_at_a_fixed_leases_deadline(url: str, client: redis.Redis, kind: str) -> None:
+    """The asyncio shell keeps the same rule as the blocking one: past a fixed lease's local
+    deadline ``owned()``, ``token`` and ``valid_for()`` say "not held" with no round trip,
+    ``on_lost`` runs in the loop, another holder gets the lock, and the late ``release()``
+    raises LockLostError."""
+    async def body(ac: Any) -> None:
+        name = _name()
+        lock = getattr(aio, kind)(name, client=ac, lease=0.3)
+        lost: List[float] = []
+        lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+        assert await lock.acquire() is True
+        after = time.monotonic()
+        assert lock.owned() and lock.token is not None and 0.0 < lock.valid_for() <= 0.3
+        while time.monotonic() < after + 0.3:
+            await asyncio.sleep(0.01)
+        assert not lock.owned() and lock.token is None and lock.valid_for() == 0.0
+        for _ in range(1000):
+            if lost:
+                break
+            await asyncio.sleep(0.01)
+        assert lost, "on_lost never ran"
+        other = aio.DistLock(name, client=ac)
+        assert await other.acquire(timeout=10) is True
+        await other.release()
+        with pytest.raises(LockLostError):
+            await lock.release()
+
+    run(url, body)

@@ -842,3 +842,216 @@ def test_condition_waiters_survive_restart_and_pubsub_kill(backend: Any, url: st
             pass  # allowed through a restart: raised within the bound, never hung
         else:
             assert result in (True, False) and owned, "wait() returned without the lock"
+
+
+# --- belief keeps time (docs/safety.rst, "Belief keeps time") ------------------------------------
+
+class RivalHolding:
+    """A rival of a holder, in a thread of its own (a thread-owned lock's rival must not be the
+    holder's thread): ``wait()`` until it holds the lock, then ``done()`` releases it there."""
+
+    def __init__(self, kind: str, name: str, client: Any, timeout: float) -> None:
+        self.lock = rival(kind, name, client)
+        self.held = threading.Event()
+        self._done = threading.Event()
+        self.timeout = timeout
+        self.worker = start(self._run, name="rival")
+
+    def _run(self) -> bool:
+        got = bool(self.lock.acquire(timeout=self.timeout))
+        if got:
+            self.held.set()
+            self._done.wait(60)
+            self.lock.release()
+        return got
+
+    def wait(self) -> bool:
+        return self.held.wait(self.timeout + SLACK)
+
+    def done(self) -> None:
+        self._done.set()
+        self.worker.finish(60)
+        assert self.worker.error is None, repr(self.worker.error)
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", EXCLUSIVE)
+def test_belief_ends_at_a_fixed_leases_deadline(client: Any, kind: str) -> None:
+    """A hold with a fixed lease and no watchdog: past its local deadline ``owned()``,
+    ``token`` and ``valid_for()`` say "not held" with no round trip, ``on_lost`` fires, another
+    client takes the lock, and the late ``release()`` raises LockLostError. (Before, ``owned()``
+    stayed True with no end.)"""
+    name = f"belief-fixed-{kind}"
+    lease = 0.5
+    lock = make(kind, name, client, lease=lease)
+    lost: List[float] = []
+    lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+    before = time.monotonic()
+    assert lock.acquire(timeout=10)
+    after = time.monotonic()
+    if kind != "DistCondition":
+        assert 0.0 < lock.valid_for() <= lease
+    assert lock.owned() and lock.token is not None
+    # the local deadline is the send time plus the lease: between these two
+    assert faults.wait_until(lambda: time.monotonic() >= after + lease, 10)
+    assert not lock.owned() and lock.token is None
+    if kind != "DistCondition":
+        assert lock.valid_for() == 0.0
+    assert faults.wait_until(lambda: bool(lost), 10.0), "on_lost never fired"
+    assert lost[0] >= before + lease  # never before the deadline
+    other = RivalHolding(kind, name, client, 10.0)
+    try:
+        assert other.wait(), "the rival never got the lock"
+        with pytest.raises(LockLostError):
+            lock.release()
+        assert len(lost) == 1, "on_lost ran twice"
+    finally:
+        other.done()
+
+
+@pytest.mark.real_redis
+def test_belief_ends_at_a_semaphore_permits_deadline(client: Any) -> None:
+    """A semaphore permit has no ``owned()``: its ``valid_for()`` and ``on_lost`` keep the
+    same rule."""
+    sem = distlock.DistSemaphore("belief-sem", 1, client=client, lease=0.5)
+    lost: List[float] = []
+    sem.on_lost(lambda _sem: lost.append(time.monotonic()))
+    assert sem.valid_for() == 0.0
+    assert sem.acquire(timeout=10)
+    after = time.monotonic()
+    assert 0.0 < sem.valid_for() <= 0.5
+    assert faults.wait_until(lambda: time.monotonic() >= after + 0.5, 10)
+    assert sem.valid_for() == 0.0
+    assert faults.wait_until(lambda: bool(lost), 10.0), "on_lost never fired"
+    with pytest.raises(LockLostError):
+        sem.release()
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock", "DistReadWriteLock.write",
+                                  "DistReadWriteLock.read"])
+def test_belief_ends_before_a_rival_holds_in_a_blackhole(client: Any, proxy: FaultProxy, kind: str) -> None:
+    """The holder's link goes silent and stays open (a proxy that forwards nothing: not a closed
+    port). Its renewals cannot get through; by the time a rival gets the lock from the server,
+    the holder no longer believes it holds it, and ``on_lost`` has fired or fires at once.
+    (Before, the holder believed it for about one renewer timeout plus a retry past its lease.)"""
+    distlock.configure(**FAST)
+    name = f"belief-blackhole-{kind}"
+    through = proxy.client()  # redis-py's defaults: no timeout of its own on the user's side
+    try:
+        lock = make(kind, name, through)
+        assert start(lambda: lock.acquire(blocking=False)).finish(10).result is True
+        lost: List[float] = []
+        lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+        proxy.blackhole()
+        other = RivalHolding(kind, name, client, FAST["lease"] + 10.0)
+        try:
+            assert other.wait(), "the rival never got the lock"
+            assert not lock.owned(), "two holders believe they hold the lock"
+            assert lock.token is None and lock.valid_for() == 0.0
+            assert faults.wait_until(lambda: bool(lost), SLACK), "on_lost did not fire"
+        finally:
+            other.done()
+    finally:
+        proxy.heal()
+        through.close()
+
+
+@pytest.mark.real_redis
+def test_belief_keeps_time_while_a_clean_up_hangs(client: Any, proxy: FaultProxy) -> None:
+    """A client that cannot share a session (one connection, no socket timeout) loses its
+    network while a clean-up round trip of its session is in flight. The deadline-keeping
+    thread does no I/O, so ``on_lost`` fires and ``owned()`` turns False by the time another
+    client holds the lock; and the clean-up itself gives up within the library's I/O bound.
+    (Before, the watchdog thread sat in that read for ever: no renewal, no ``on_lost``.)"""
+    from distlock._redis.clients import DEFAULT_IO_TIMEOUT
+
+    distlock.configure(**FAST)
+    name = "belief-chore"
+    lonely = proxy.client(single_connection_client=True, socket_timeout=None,
+                          socket_connect_timeout=None, retry=Retry(NoBackoff(), 0))
+    try:
+        lock = distlock.DistLock(name, client=lonely)
+        assert start(lambda: lock.acquire(blocking=False)).finish(10).result is True
+        lost: List[float] = []
+        lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+        session = session_for(lonely)
+        done: List[Any] = []
+
+        def chore() -> None:
+            try:
+                session.read("PING")
+            except redis.RedisError as exc:
+                done.append(exc)
+
+        proxy.blackhole()
+        cut = time.monotonic()
+        session.defer(chore)
+        other = distlock.DistLock(name, client=client)
+        assert other.acquire(timeout=FAST["lease"] + 10.0)
+        try:
+            assert not lock.owned(), "two holders believe they hold the lock"
+            assert faults.wait_until(lambda: bool(lost), SLACK), "on_lost did not fire"
+        finally:
+            other.release()
+        assert faults.wait_until(lambda: bool(done), DEFAULT_IO_TIMEOUT + SLACK), "the clean-up hung"
+        assert isinstance(done[0], redis.TimeoutError), repr(done[0])
+        assert done and time.monotonic() - cut <= DEFAULT_IO_TIMEOUT + 2 * SLACK
+    finally:
+        proxy.heal()
+        lonely.close()
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_a_restart_suspends_belief_before_the_next_renewal(backend: Any, client: Any, kind: str) -> None:
+    """A restart without persistence empties the server: the holder's session sees its
+    connection closed and stops believing at once, long before its next renewal (10 s
+    away here) would have found the hold gone; the renewal it starts then reports it lost."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    name = f"belief-restart-{kind}"
+    lock = make(kind, name, client)
+    lost: List[float] = []
+    lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+    assert lock.acquire(timeout=10)
+    assert faults.wait_until(lambda: session_for(client).executor.renewal_reset() is False, 5)
+    time.sleep(0.3)  # the watchdog's own connection is open (it opens with the first hold)
+    faults.restart_server(backend)
+    restarted = time.monotonic()
+    assert faults.wait_until(lambda: not lock.owned(), 5.0), "it still believes after the restart"
+    assert time.monotonic() - restarted < 10.0 - SLACK  # well before the next renewal
+    assert faults.wait_until(lambda: bool(lost), 10.0), "the confirming renewal did not report it lost"
+    other = RivalHolding(kind, name, client, 10.0)
+    try:
+        assert other.wait(), "the rival never got the lock"
+    finally:
+        other.done()
+    with pytest.raises(LockLostError):
+        lock.release()
+
+
+@pytest.mark.real_redis
+def test_a_reset_link_suspends_belief_until_a_renewal_confirms_it(
+        client: Any, proxy: FaultProxy, caplog: pytest.LogCaptureFixture) -> None:
+    """Every connection of the holder's session is reset while the server keeps the hold:
+    belief is suspended, then the renewal that follows confirms the hold, and it is believed
+    again, with the same token, never reported lost."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    through = proxy.client()
+    try:
+        lock = distlock.DistLock("belief-reset", client=through)
+        lost: List[float] = []
+        lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+        assert start(lambda: lock.acquire(blocking=False)).finish(10).result is True
+        token = lock.token
+        time.sleep(0.3)  # the watchdog's own connection is open (it opens with the first hold)
+        with caplog.at_level("INFO", logger="distlock"):
+            assert proxy.reset_all() > 0
+            assert faults.wait_until(
+                lambda: any("not believed until a renewal confirms" in r.getMessage()
+                            for r in caplog.records), 5.0), "the reset did not suspend belief"
+        assert faults.wait_until(lock.owned, 5.0), "the renewal did not confirm the hold"
+        assert lock.token == token and not lost
+        lock.release()
+    finally:
+        through.close()

@@ -450,6 +450,39 @@ def test_a_failover_under_a_hold_it_survives_keeps_it(cluster: Any, healthy_clus
         third.close()
 
 
+def test_belief_ends_by_the_time_a_rival_holds_after_a_failover(cluster: Any, healthy_cluster: Any) -> None:
+    """A regression: with a 3 s lease renewed every 1 s, SIGKILL the slot's master. In two runs
+    of three the rival got the lock from the promoted replica right as the lease ran out, while
+    the old holder's ``owned()`` was still True and its ``on_lost`` had not fired (its deadline
+    had passed; a failed renewal round was still in flight). Now belief ends at the holder's own
+    deadline, whatever its renewals are doing (docs/safety.rst, "Belief keeps time"). Either
+    the hold survives the failover (a renewal reached the promoted replica in time: the holder
+    keeps it, the rival never gets it) or the rival gets it; never both believe."""
+    client, other = cluster.client(), cluster.client()
+    try:
+        lock, key, lost_at = _held(client, "failover-belief", 3.0, 1.0)
+        master = cluster.master_of_key(key)
+        cluster.kill(master)
+        rival = DistLock(lock.name, client=other)
+        got = False
+        deadline = time.monotonic() + 12.0  # the failover, then well past a lease
+        while not got and time.monotonic() < deadline:
+            got = _try(rival, 0.5)
+            assert not (got and lock.owned()), "two holders believe they hold the lock"
+        if got:
+            assert lock.token is None and lock.valid_for() == 0.0
+            assert _until(lambda: lost_at, 3.0), "on_lost did not fire"
+            rival.release()
+            with pytest.raises(distlock.LockLostError):
+                lock.release()
+        else:  # it survived the failover: renewals reached the promoted replica in time
+            assert lock.owned() and not lost_at
+            lock.release()
+    finally:
+        client.close()
+        other.close()
+
+
 def test_a_failover_longer_than_the_lease_reports_the_hold_lost_in_time(
         cluster: Any, healthy_cluster: Any) -> None:
     """The same with a lease shorter than any failover here (about 1.4 to 2.7 s): the renewals

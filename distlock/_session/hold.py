@@ -1,0 +1,104 @@
+"""A hold: what this process knows of one grant it was given, and how long it may believe it.
+
+The belief rule (docs/design.rst, principle 14; docs/safety.rst): a hold's local deadline,
+``expires_at``, is the monotonic time its last acknowledged grant or renewal was *sent*, plus
+its lease, less the executor's clock margin (a Redlock quorum's drift). Past it, or once the
+hold is ``lost`` or ``suspended`` (its server's connection was reset and no renewal has
+confirmed it since), ``believed()`` is False and ``valid_for()`` is 0.0, whatever I/O is in
+flight: no round trip is needed to stop believing. The watchdog fires ``on_lost`` at that
+deadline (``watchdog``)."""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Any, Callable, Optional, Tuple
+
+from .metrics import Meter
+
+#: renew(batch, hold, lease_ms): queue one renewal of a hold on ``batch`` (an ``_redis.executor.Batch``).
+Renew = Callable[[Any, "Hold", int], Any]
+
+
+#: end(hold): give the whole hold back (one round trip); used at interpreter exit.
+End = Callable[["Hold"], Any]
+
+
+#: notify(listener): tell one of the hold's listeners (a primitive) that the hold was lost.
+Notify = Callable[[Any], Any]
+
+
+class Hold:
+    """What this process knows of one hold it was granted.
+
+    ``count`` mirrors the reentrancy count kept in Redis; ``token`` is the fencing token of the
+    grant. ``lost`` is set once the hold is found gone or someone else's; after that ``release``
+    raises LockLostError and the watchdog leaves it alone.
+    """
+
+    __slots__ = (
+        "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
+        "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
+        "pending", "acks", "suspended",
+        "__weakref__",
+    )
+
+    def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
+                 watchdog: bool, lease_ms: int, sent_at: float, renew: Renew,
+                 end: Optional[End] = None, notify: Optional[Notify] = None,
+                 meter: Optional[Meter] = None, grant: bool = False,
+                 acks: Optional[Tuple[int, int]] = None) -> None:
+        self.session = session
+        self.key = key
+        self.owner = owner
+        self.token = token
+        self.count = count
+        self.watchdog = watchdog
+        self.lease_ms = lease_ms
+        #: monotonic time by which the lease runs out unless renewed (counted from the moment the
+        #: grant was *sent*, so it is never later than the server's own deadline)
+        self.expires_at = sent_at + lease_ms / 1000.0
+        self.lost = False
+        #: set while a release of this hold is in flight: a renewal that finds the hold gone
+        #: then raced the release, and says nothing about a lost lease
+        self.releasing = False
+        #: the primitive objects to tell when the hold is found lost, through ``notify``
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.notify = notify
+        #: the primitive that made the hold knows its script and keys
+        self.renew = renew
+        self.end = end
+        #: what must stay alive while the hold does (the user's client, for a session that
+        #: talks through it)
+        self.pin: Any = None
+        #: the primitive's meter (``_session.metrics``): renewals and a lost lease count there
+        self.meter = meter
+        #: for a grant (a lock, a permit; not a waiter's lease): when it was sent, until its
+        #: hold time is recorded (then 0.0)
+        self.granted_at = sent_at if grant else 0.0
+        #: an asyncio release of this hold still in flight (``_core.flow.Started``), which a
+        #: re-entry by the same task waits for
+        self.pending: Any = None
+        #: (k, timeout ms) for a hold of a primitive made with ``min_replicas``: a renewal
+        #: counts (advances ``expires_at``) only once k replicas acknowledged it; None: 0
+        self.acks = acks
+        #: the connection to the hold's server was reset (a restart, a failover, a dropped
+        #: link) and no renewal has confirmed the hold since: it is not believed meanwhile
+        self.suspended = False
+
+    def believed(self) -> bool:
+        """True while the holder may believe it holds: not lost, not suspended, and before its
+        local deadline (the belief rule, above). No round trip."""
+        return not self.lost and not self.suspended and time.monotonic() < self.expires_at
+
+    def valid_for_if_confirmed(self) -> float:
+        """``valid_for`` as it would be were the hold not suspended (what a confirmation may
+        renew a fixed lease to)."""
+        return 0.0 if self.lost else max(0.0, self.expires_at - time.monotonic())
+
+    def valid_for(self) -> float:
+        """Seconds for which the hold is still known to be valid (0.0 once it is not believed).
+        No round trip."""
+        if self.lost or self.suspended:
+            return 0.0
+        return max(0.0, self.expires_at - time.monotonic())
