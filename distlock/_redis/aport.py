@@ -38,7 +38,8 @@ from redis.asyncio import sentinel as asentinel
 
 from .apubsub import AsyncDispatcher
 from .clients import DEFAULT_IO_TIMEOUT
-from .executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located, packer, taker
+from .direct import packer, taker
+from .executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located
 from .pubsub import Waiter
 
 __all__ = ["AsyncPort", "blocking_twin", "aread_pair"]
@@ -403,7 +404,7 @@ class AsyncPort:
 
 
 async def aread_pair(conn: Any) -> Tuple[Any, Any]:
-    """``_redis.executor.read_pair`` on an asyncio connection: both replies read, the first's error
+    """``_redis.direct.read_pair`` on an asyncio connection: both replies read, the first's error
     raised after the second's is read, the second's error returned as its reply."""
     try:
         first: Any = await conn.read_response()

@@ -27,7 +27,7 @@ import redis.asyncio as aredis
 from redis.exceptions import AskError, MovedError
 
 from .aport import AsyncPort, _parameters, aread_pair
-from .executor import packer
+from .direct import packer
 from .pubsub_cluster import AsyncClusterDispatcher
 from .redirects import ASK, MOVED, REDIRECT_BOUND, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow
 

@@ -30,7 +30,8 @@ import redis
 from .._core.quorum import REPLY_CAP, made
 from .aport import AsyncPort, blocking_twin
 from .apubsub import AsyncDispatcher
-from .executor import NOSCRIPT_TRIES, located, packer, taker
+from .direct import packer, taker
+from .executor import NOSCRIPT_TRIES, located
 from .executor_quorum import QuorumExecutor
 from .fanout_quorum import Entry, Plan, T, merge
 from .pubsub import Waiter

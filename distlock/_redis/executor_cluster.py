@@ -41,7 +41,8 @@ from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from .._core.settings import settings
 from .clients import renewer
-from .executor import Batch, Executor, disconnect_quietly, located, packer, read_pair, taker
+from .direct import disconnect_quietly, packer, read_pair, taker
+from .executor import Batch, Executor, located
 from .redirects import ASK, FIRST_PAUSE, MOVED, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow
 from .scripts import script_names, script_source
 
@@ -213,7 +214,7 @@ def _has_sharded_pubsub(client: Any) -> bool:
 def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool, Optional[Tuple[Any, ...]]], Any]:
     """Send one command on a connection of ``pool`` (one node), never retrying; raise
     ``NotSent`` when no connection could be opened. ``then``: a command sent behind it in
-    the same write (a grant's WAIT): both replies are returned (``executor.read_pair``)."""
+    the same write (a grant's WAIT): both replies are returned (``direct.read_pair``)."""
     take = taker(pool)
     give_back = pool.release
     pack = packer(pool.get_encoder())

@@ -62,7 +62,8 @@ from .._core.quorum import (
     validity,
 )
 from .._core.settings import settings
-from .executor import Batch, Executor, disconnect_quietly
+from .direct import disconnect_quietly
+from .executor import Batch, Executor
 from .fanout_quorum import Entry, FanOut, Master, Plan
 from .pubsub_quorum import QuorumDispatcher
 

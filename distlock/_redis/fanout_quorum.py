@@ -30,7 +30,8 @@ from redis.commands.core import Script
 
 from .._core.quorum import REPLY_CAP, parse_info
 from .clients import renewer
-from .executor import NOSCRIPT_TRIES, packer, taker
+from .direct import packer, taker
+from .executor import NOSCRIPT_TRIES
 
 __all__ = ["Master", "FanOut", "Entry", "Plan", "T", "merge", "DOWN_PAUSE"]
 

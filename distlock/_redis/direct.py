@@ -1,0 +1,257 @@
+"""The direct path: how one script (or a script and the WAIT behind it) goes out on a redis-py
+connection and its reply comes back, with no retry (a state change is never sent twice:
+docs/design.rst, principle 13), bounded where the connection has no socket timeout of its own
+(principle 14). Also the helpers the executors and the asyncio ports share for redis-py's
+pools: ``taker`` (how this redis-py version lends a connection), ``packer`` (RESP for the
+argument types the scripts pass), and the watchdog's look at its idle connections
+(``closed_idle``)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import select
+import socket
+from typing import Any, Callable, List, Tuple
+
+import redis
+
+from .clients import DEFAULT_IO_TIMEOUT
+
+
+def closed_idle(pool: Any, seen: Any) -> bool:
+    """True when the server closed an idle connection of ``pool`` whose socket ``seen`` (a
+    WeakSet) does not hold yet; each such socket goes into ``seen``. A non-blocking peek at
+    the sockets redis-py keeps idle, so it never touches one a request is using."""
+    found = False
+    for conn in list(getattr(pool, "_available_connections", ()) or ()):
+        sock = getattr(conn, "_sock", None)
+        if sock is None or sock in seen:
+            continue
+        try:
+            if select.select([sock], [], [], 0)[0] and sock.recv(1, socket.MSG_PEEK) == b"":
+                seen.add(sock)
+                found = True
+        except (OSError, ValueError):
+            seen.add(sock)
+            found = True
+    return found
+
+
+def unbounded(client: Any) -> bool:
+    """True for a client on redis-py's pool (or a single connection) whose connections have no
+    socket timeout: ``read`` then takes the bounded direct path. Not for a subclass that
+    overrides ``execute_command``: distlock's reads go through the user's override."""
+    if _lender(client) is None or type(client).execute_command is not redis.Redis.execute_command:
+        return False
+    single = getattr(client, "connection", None)
+    if single is not None:
+        return getattr(single, "socket_timeout", 0) is None
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return "socket_timeout" not in kwargs or kwargs["socket_timeout"] is None
+
+
+def disconnect_quietly(client: Any) -> None:
+    """Close every connection of ``client``'s pool, whatever state it is in."""
+    try:
+        client.connection_pool.disconnect()
+    except Exception:  # noqa: BLE001 - it is being thrown away
+        pass
+
+
+def sender(client: Any, via: Any) -> Callable[..., Any]:
+    """A function that sends one command and returns its reply, never retrying.
+
+    For a client on a redis-py connection pool (or a single connection), whatever its class:
+    it takes a connection (the client's single one under its lock, or one from its pool),
+    sends, reads the raw reply and gives the connection back. That also skips
+    ``execute_command``'s per-call wrapper (retry closure, telemetry hooks), which on a slow
+    machine costs as much as the server's work on a small script. A connection that went stale
+    while idle (a server restart) is still replaced when it is taken from the pool, as redis-py
+    does. Anything else (fakeredis): ``via.execute_command``, looked up on every call.
+
+    Keeps no reference to ``client`` itself: ``via`` may be a weak proxy of it, so that a
+    session does not keep its user's client alive.
+    """
+    lender = _lender(client)
+    if lender is None:
+        def through(*args: Any) -> Any:
+            return via.execute_command(*args)
+        return through
+    return _pooled(lender)
+
+
+def _lender(client: Any) -> Any:
+    """Where the direct path takes its connections for ``client``: its pool, its single
+    connection lent out as a pool lends one, or None (no network: fakeredis)."""
+    single = getattr(client, "connection", None)
+    pool = getattr(client, "connection_pool", None)
+    if not isinstance(client, redis.Redis) or type(client).__module__.startswith("fakeredis"):
+        return None
+    if single is not None:
+        return _OneConnection(single, client.single_connection_lock)
+    return pool if isinstance(pool, redis.ConnectionPool) else None
+
+
+class _OneConnection:
+    """A single-connection client's connection, lent out like a pool lends one: under the
+    client's own lock, so that the pooled path below drives it too."""
+
+    def __init__(self, conn: Any, lock: Any) -> None:
+        self._conn = conn
+        self._lock = lock
+
+    def get_connection(self) -> Any:
+        self._lock.acquire()
+        return self._conn
+
+    def release(self, conn: Any) -> None:
+        self._lock.release()
+
+    def get_encoder(self) -> Any:
+        return self._conn.encoder
+
+
+def _takes_no_command_name(pool: Any) -> bool:
+    """redis-py 5.3+ takes ``get_connection()`` without arguments (and warns when given one);
+    older versions require the command name."""
+    try:
+        params = inspect.signature(pool.get_connection).parameters
+    except (TypeError, ValueError):
+        return False
+    first = next(iter(params.values()), None)
+    return first is None or first.default is not inspect.Parameter.empty
+
+
+def taker(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as this redis-py version wants it called (a coroutine function
+    for an asyncio pool)."""
+    if _takes_no_command_name(pool):
+        return pool.get_connection  # type: ignore[no-any-return]
+    return functools.partial(pool.get_connection, "EVALSHA")
+
+
+def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
+    """A function that packs one command for ``encoder``'s connections (blocking or asyncio)."""
+    encoding, errors, encode = encoder.encoding, encoder.encoding_errors, encoder.encode
+
+    def pack(args: Tuple[Any, ...]) -> List[bytes]:
+        # RESP, as redis-py's own packer writes it, for the argument types the scripts pass
+        # (str, int, bytes); anything else goes through the client's encoder (which also
+        # raises redis-py's DataError for what it cannot send).
+        parts = [b"*%d\r\n" % len(args)]
+        for arg in args:
+            kind = type(arg)
+            if kind is str:
+                data = arg.encode(encoding, errors)
+            elif kind is int:
+                data = b"%d" % arg
+            elif kind is bytes:
+                data = arg
+            else:
+                data = encode(arg)
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        return [b"".join(parts)]
+
+    return pack
+
+
+def _reads_with_timeout() -> bool:
+    """redis-py's ``Connection.read_response`` takes a ``timeout`` (5.0+)."""
+    try:
+        return "timeout" in inspect.signature(redis.Connection.read_response).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+_READ_TIMEOUT = _reads_with_timeout()
+
+
+def read_bounded(conn: Any) -> Any:
+    """``conn.read_response()``, bounded by ``DEFAULT_IO_TIMEOUT`` where the connection has no
+    socket timeout of its own (a user's client made with ``socket_timeout=None``): every round
+    trip distlock makes is bounded (docs/design.rst, principle 14). A read that times out
+    raises redis-py's TimeoutError and drops the connection, as redis-py's own timeout does."""
+    if _READ_TIMEOUT and getattr(conn, "socket_timeout", 0) is None:
+        return conn.read_response(timeout=DEFAULT_IO_TIMEOUT)
+    return conn.read_response()
+
+
+def _pooled(pool: Any) -> Callable[..., Any]:
+    take = taker(pool)
+    give_back = pool.release
+    pack = packer(pool.get_encoder())
+
+    def execute(*args: Any) -> Any:
+        packed = pack(args)
+        conn = take()
+        try:
+            conn.send_packed_command(packed)
+            return read_bounded(conn)
+        except redis.exceptions.ResponseError:
+            raise  # the whole reply was read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # a reply may be left half-read on the socket
+            raise
+        finally:
+            give_back(conn)
+
+    return execute
+
+
+def pair_sender(client: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
+    """``sender``'s twin for a command with a second one behind it (a script and its WAIT):
+    both packed in one write on one connection, never retried; returns both replies, or
+    raises the first one's error once the second reply is read too. fakeredis (no network):
+    a pipeline of the two through ``via``."""
+    lender = _lender(client)
+    if lender is None:
+        def through(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
+            pipe = via.pipeline(transaction=False)
+            pipe.execute_command(*command)
+            pipe.execute_command(*then)
+            first, second = pipe.execute(raise_on_error=False)
+            if isinstance(first, Exception):
+                raise first
+            return first, second
+        return through
+    return _pooled_pair(lender)
+
+
+def read_pair(conn: Any) -> Tuple[Any, Any]:
+    """Read the replies of a command and of the one sent behind it on ``conn`` (a blocking
+    connection): the second is read even when the first is an error, which is then raised,
+    so that the connection is left clean; the second's error is returned as its reply."""
+    try:
+        first: Any = read_bounded(conn)
+    except redis.exceptions.ResponseError as exc:
+        first = exc
+    try:
+        second: Any = read_bounded(conn)
+    except redis.exceptions.ResponseError as exc:
+        second = exc
+    if isinstance(first, Exception):
+        raise first
+    return first, second
+
+
+def _pooled_pair(pool: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
+    take = taker(pool)
+    give_back = pool.release
+    pack = packer(pool.get_encoder())
+
+    def execute(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
+        packed = [pack(command)[0] + pack(then)[0]]
+        conn = take()
+        try:
+            conn.send_packed_command(packed)
+            return read_pair(conn)
+        except redis.exceptions.ResponseError:
+            raise  # both replies were read: the connection is clean
+        except BaseException:
+            conn.disconnect()  # a reply may be left half-read on the socket
+            raise
+        finally:
+            give_back(conn)
+
+    return execute
