@@ -83,6 +83,8 @@ class Watchdog:
         self._round_ended: Optional[Tuple[float, Optional[float]]] = None
         #: set by ``suspend``: a round is due at once, to confirm or lose the suspended holds
         self._confirm = False
+        #: the watchdog's own connection was asked to open (``add``); dropped with it
+        self._renewal_open = False
         self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
         self.closed = False
 
@@ -90,10 +92,11 @@ class Watchdog:
 
     def add(self, hold: Hold) -> None:
         with self.mutex:
-            first = not self.holds
             self.holds[(hold.key, hold.owner)] = hold
             self._ensure_locked()  # it keeps every hold's deadline, fixed leases' too
-        if first:
+            opening = not self._renewal_open
+            self._renewal_open = True
+        if opening:  # once per watchdog connection, not per hold: off the caller's path
             self.renewals.submit(self._open_renewal)
 
     def _open_renewal(self) -> None:
@@ -447,6 +450,7 @@ class Watchdog:
                 self._on_lost(hold, cause if error is None else f"{cause} ({error!r})")
 
     def _drop_renewer(self) -> None:
+        self._renewal_open = False
         try:
             self._executor().drop_renewal()
         except Exception:  # noqa: BLE001 - the session is gone: so is its connection
