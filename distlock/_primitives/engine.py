@@ -67,6 +67,13 @@ class Waiting:
         """What the wait returns when a hint named the waiter."""
         return True
 
+    def claim(self) -> Flow[Any]:
+        """``named()`` as a flow: what the wait returns when a hint named the waiter, after
+        any round trip it needs first (a lock handed over too long after the waiter's last
+        try is confirmed before it is believed: see ``fair.FairWaiting.claim``)."""
+        return self.named()
+        yield
+
     def timed_out(self) -> Any:
         return False
 
@@ -129,6 +136,8 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
         if waiter is not None and (yield Leave(waiter, granted)) and not granted:
             yield from waiting.unregister()
         _record(waiting.meter, span, outcome, started, hinted_grant)
+    if outcome is NAMED:
+        return (yield from waiting.claim())
     return result(waiting, outcome)
 
 

@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import time
-from typing import Any, Protocol
+from typing import Any, Protocol, Tuple
 
 import redis
 
@@ -137,8 +137,10 @@ class FairWaiting(Waiting):
         self._session = session
         self._grant_args = (owner, ms, count, watchdog)
         self._waiter: Any = None
-        #: when the latest refused try was sent (monotonic): a hand-off came after it
+        #: when the latest refused try was sent (monotonic): a hand-off came after it; and the
+        #: queue entry's lease that try asked for (a hand-off's lease ends no sooner than it)
         self._refused_at = time.monotonic()
+        self._entry_ms = entry_lease_ms(settings().wait_cap)
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         lock, session = self._lock, self._session
@@ -152,6 +154,7 @@ class FairWaiting(Waiting):
             lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
         else:
             self._refused_at = sent_at
+            self._entry_ms = entry_lease_ms(settings().wait_cap)
         return outcome
 
     def abandon(self) -> Flow[None]:
@@ -161,20 +164,60 @@ class FairWaiting(Waiting):
         return (yield from self._lock._unregister(self.channel))
 
     def named(self) -> Any:
-        """The lock was handed to this wait: take the hold as the message says. Its lease in
-        Redis is short (the entry's time left) unless it is already the caller's own: the
-        watchdog thread lengthens it a moment later, off the caller's path."""
+        """The lock was handed to this wait: take the hold as the message says (``claim``)."""
+        return self._take_handed()[1]
+
+    def _take_handed(self) -> Tuple[Hold, bool]:
+        """Record the handed hold. Its lease in Redis is the handed one: the request's lease,
+        or the queue entry's time left if shorter; so it ends no sooner than the latest
+        refused try's send time plus the shorter of the two leases it asked for, which is the
+        hold's local deadline (docs/safety.rst, "Belief keeps time"). Return the hold and
+        whether that deadline leaves it comfortably believed."""
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         token, lease = handoff_grant(self._waiter.payload)
-        # the grant came after the latest refused try: its lease runs from no earlier than that
-        hold = lock._grant(session, owner, token, count, watchdog, lease, self._refused_at)
-        if lease < ms:
-            # a moment later: the watchdog thread's round trip then does not compete with the
-            # caller's return (the handed lease is seconds long, or a quarter of it is waited)
-            now = time.monotonic()
-            session.defer_at(now + min(LENGTHEN_AFTER, lease / 4000), functools.partial(
-                _lengthen, lock, session, hold, ms, now))
+        span = min(ms, self._entry_ms)
+        hold = lock._grant(session, owner, token, count, watchdog, span, self._refused_at)
+        hold.lease_ms = lease
+        return hold, hold.valid_for() * 1000.0 > span / 2
+
+    def claim(self) -> Flow[Any]:
+        """The lock was handed to this wait. Usually the hold's local deadline is seconds away
+        (the waiter's tries keep its entry alive) and its short lease in Redis is lengthened a
+        moment later by the chores worker, off the caller's path. A hold handed long after the
+        waiter's last try (a short fixed lease, a process that was paused) would be believed
+        too briefly or not at all: it is confirmed first, with one ``lock_renew`` to the lease
+        the caller asked for, so that ``acquire()`` never returns a hold it believes without
+        cause. A hold found gone by then was granted and lost: ``acquire()`` returns True with
+        the hold reported lost (``on_lost`` has run, ``owned()`` is False, ``release()`` raises
+        LockLostError)."""
+        lock, session = self._lock, self._session
+        owner, ms, count, watchdog = self._grant_args
+        hold, comfortable = self._take_handed()
+        lease = hold.lease_ms
+        if comfortable:
+            if lease < ms:
+                # a moment later: that round trip then does not compete with the caller's
+                # return (the handed lease is seconds long, or a quarter of it is waited)
+                now = time.monotonic()
+                session.defer_at(now + min(LENGTHEN_AFTER, lease / 4000), functools.partial(
+                    _lengthen, lock, session, hold, ms, now))
+            return True
+        sent_at = time.monotonic()
+        try:
+            reply = yield Run("lock_renew", (hold.key, lock._keys.fence),
+                              (hold.owner, hold.token, ms, ms + settings().fence_retention_ms))
+        except BaseException:
+            # the hold may still be ours: it ends with its short lease; this wait reports it
+            session.mark_lost(hold, "its hand-off could not be confirmed")
+            raise
+        if renewal(reply) is RENEWED:
+            hold.lease_ms = ms
+            hold.expires_at = sent_at + ms / 1000.0
+            return True
+        # granted, then lost before it could be used: as any lost hold, reported (on_lost,
+        # owned() False) and release() raises LockLostError
+        session.mark_lost(hold, "it was gone before its hand-off could be confirmed")
         return True
 
 

@@ -66,7 +66,9 @@ class _LockBase(SessionUser):
                  fair: bool = False) -> None:
         self._name = check_name(name)
         self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
-        refuse_quorum(topology(client) == QUORUM, self._min_replicas)
+        #: a Redlock quorum (a list of masters): asked once, not per acquire
+        self._quorum = topology(client) == QUORUM
+        refuse_quorum(self._quorum, self._min_replicas)
         if client is not None:
             check_client(client, type(self).__name__)
         self._client_arg = client
@@ -81,7 +83,7 @@ class _LockBase(SessionUser):
         self._fair_keys = FairKeys(self._keys)
         #: the yield rule applies (``_core.shares``): a default lock on one server or a cluster (a
         #: Redlock quorum's masters could keep the lock for different processes)
-        self._shares = not self._fair and topology(client) != QUORUM
+        self._shares = not self._fair and not self._quorum
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
                               self._fair_keys.deadlines)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
@@ -185,7 +187,7 @@ class _LockBase(SessionUser):
         and always for a Redlock quorum, whose masters have no replicas to wait for: there a
         ``configure(min_replicas=...)`` default does not apply (given to the constructor, the
         option is a TypeError: ``refuse_quorum``)."""
-        if topology(self._client_arg) == QUORUM:
+        if self._quorum:
             return None
         return acks_for(self._min_replicas, self._replica_timeout, settings())
 
@@ -369,6 +371,13 @@ class _LockBase(SessionUser):
             if left == 0:
                 self._forget(hold)
                 session.drop_hold(hold)
+                # Its belief may have ended at its local deadline while Redis still has it
+                # (or a reader's entry lingers): give back whatever is still ours, once; the
+                # script checks the owner and token, so it never touches another's hold.
+                try:
+                    yield from self._call_release(hold, 0)
+                except redis.RedisError:
+                    pass  # it then ends with its lease in Redis
             raise LockLostError(f"lease on {self._name!r} was lost before release",
                                 name=self._name, token=hold.token)
         hold.releasing = True  # a renewal racing this release must not call the hold lost

@@ -106,6 +106,11 @@ class _LockWaiting(Waiting):
     def named(self) -> Any:
         return self._fair.named() if self._fair is not None else True
 
+    def claim(self) -> Flow[Any]:
+        if self._fair is not None:
+            return (yield from self._fair.claim())
+        return True
+
     def unregister(self) -> Flow[None]:
         return (yield from self._lock._unregister(self.channel))
 
