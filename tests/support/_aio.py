@@ -72,8 +72,14 @@ class AioRunner:
         return queue
 
     def client(self, url: str, **kwargs: Any) -> aredis.Redis:
+        """A new asyncio client of ``url``, made in the loop's thread: on Python 3.9 an asyncio
+        lock binds to the loop current where it is made (not where it is first used), and a
+        client made here, in the test's thread, would hand its pool's lock to another loop."""
         kwargs.setdefault("client_name", f"aio-test-{next(_names)}")
-        made = async_client_from_url(url, **kwargs)
+
+        async def make() -> Any:
+            return async_client_from_url(url, **kwargs)
+        made = self.run(make())
         self.clients.append(made)
         return made
 
