@@ -13,8 +13,10 @@ built on the same ``_LockBase``; they differ in their scripts and their keys (``
   exists, readers that do not already hold the read lock are refused: writer preference.
 
 Both sides are owned by ``<session id>:<thread ident>``: reentrant per thread. A thread that
-holds the write lock may take the read lock (downgrade); a thread that holds only the read lock
-is refused the write lock at once with RuntimeError (upgrade), instead of deadlocking.
+holds the write lock may take the read lock (downgrade). A thread that holds only the read lock
+and asks for the write lock (upgrade) gets False from a single try (``blocking=False``,
+``timeout=0``, ``try_lock()``), as Java's ``tryLock()`` does, without a round trip; a try that
+would wait is refused at once with RuntimeError, instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def optional_tail(head: Tuple[Any, ...], value: Any, default: Any) -> Tuple[Any,
     return head if value == default else head + (value,)
 
 
-#: acquire() of the write lock by a thread that holds only the read lock.
+#: a blocking acquire() of the write lock by a thread that holds only the read lock.
 UPGRADE_REFUSED = (
     "cannot acquire the write lock while holding only the read lock: two upgrading readers "
     "would wait for each other forever; release the read lock first"
@@ -120,7 +122,12 @@ class _RWSide(_ThreadOwned):
     # --- the family's acquire (``_LockBase._acquire``), with a side's queue ----------------
 
     def _first_try(self, session: Session, owner: str, ms: int, count: int, waits: bool) -> Flow[int]:
-        self._refuse_upgrade(session)
+        if self._upgrading(session):
+            if not waits:
+                # A single try cannot deadlock: refused, as Redis would refuse it (a reader
+                # holds the lock: this thread), with a refusal's reply code and no round trip.
+                return -1
+            raise RuntimeError(UPGRADE_REFUSED)
         try:
             return (yield from self._call_acquire(session, owner, ms, count, "",
                                                   queue_ms=self._queue_ms() if waits else 0))
@@ -152,8 +159,10 @@ class _RWSide(_ThreadOwned):
     def _wait_channel(self) -> str:
         raise NotImplementedError
 
-    def _refuse_upgrade(self, session: Session) -> None:
-        pass
+    def _upgrading(self, session: Session) -> bool:
+        """Whether a new hold of this side would be an upgrade (the write side: the calling
+        thread holds the read side)."""
+        return False
 
     def _queue_ms(self) -> int:
         return 0
@@ -300,9 +309,10 @@ class DistWriteLock(_RWSide):
 
     A writer that has to wait queues itself, so that new readers wait behind it; it leaves the
     queue when it gets the lock, when its timeout runs out, or, if it dies, a few seconds after
-    its last try (``2 * wait_cap + 1`` seconds). A thread that holds only the read lock is
-    refused at once with RuntimeError: an upgrade could deadlock. Reentrant per thread;
-    ``threading.Condition(rw.write_lock())`` works.
+    its last try (``2 * wait_cap + 1`` seconds). A thread that holds only the read lock gets
+    False from a single try (``blocking=False``, ``timeout=0``, ``try_lock()``), and is refused
+    at once with RuntimeError by a try that would wait: that upgrade could deadlock. Reentrant
+    per thread; ``threading.Condition(rw.write_lock())`` works.
     """
 
     _metric_kind = "write"
@@ -321,9 +331,8 @@ class DistWriteLock(_RWSide):
         """Whether a writer, in any process on any host, holds the write lock now."""
         return bool((yield Read("EXISTS", self._rw.writer)))
 
-    def _refuse_upgrade(self, session: Session) -> None:
-        if (self._rw.readers, self._owner_for(session)) in session.holds:
-            raise RuntimeError(UPGRADE_REFUSED)
+    def _upgrading(self, session: Session) -> bool:
+        return (self._rw.readers, self._owner_for(session)) in session.holds
 
     def _queue_ms(self) -> int:
         return writer_entry_ms(settings().wait_cap)
@@ -395,7 +404,8 @@ class DistReadWriteLock:
     - Writer preference: once a writer waits, new readers wait behind it, so a stream of readers
       cannot starve writers. Readers that already hold the read lock still re-enter.
     - Downgrade: the write holder may take the read lock, and keeps it after releasing the
-      write lock. Upgrade is refused with RuntimeError: release the read lock first.
+      write lock. Upgrade: a single try (``blocking=False``, ``timeout=0``) returns False; a
+      try that would wait raises RuntimeError. Release the read lock first.
     - Every grant, read or write, gets a fencing token from the name's one counter.
     - After every hold is released, nothing but that counter is left in Redis.
 

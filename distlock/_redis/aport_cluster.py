@@ -13,14 +13,15 @@ executor routes (``executor_cluster``):
 - Reads go through the client, which routes them by key.
 - Waiters wait in an ``AsyncClusterDispatcher``: one pub/sub connection (SSUBSCRIBE) and one
   reader task per node with waiters, on a small ``redis.asyncio.Redis`` per node that the port
-  keeps for that.
+  keeps for that. Where ``redis.asyncio`` has no SSUBSCRIBE (redis-py 7.0.1, the newest release
+  for Python 3.9), the port subscribes through ``ShardedPubSub``, which adds it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Awaitable, Callable, Dict, Optional, Set, Tuple
 
 import redis
 import redis.asyncio as aredis
@@ -31,7 +32,7 @@ from .direct import packer
 from .pubsub_cluster import AsyncClusterDispatcher
 from .redirects import ASK, MOVED, REDIRECT_BOUND, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow
 
-__all__ = ["AsyncClusterPort", "cluster_twin"]
+__all__ = ["AsyncClusterPort", "ShardedPubSub", "cluster_twin"]
 
 _SKIP = {"retry", "redis_connect_func", "parser_class", "event_dispatcher", "connection_pool",
          "host", "port", "connection_class"}
@@ -44,6 +45,54 @@ def cluster_twin(client: Any) -> Any:
     nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
     startup = [redis.cluster.ClusterNode(node.host, node.port) for node in nodes]  # type: ignore[no-untyped-call]
     return redis.RedisCluster(startup_nodes=startup, **kwargs)
+
+
+#: whether this redis-py's asyncio PubSub has sharded pub/sub itself (8.1 has, 7.0.1 has not)
+_ASYNC_SSUBSCRIBE = hasattr(aredis.client.PubSub, "ssubscribe")
+
+
+class ShardedPubSub(aredis.client.PubSub):
+    """``redis.asyncio``'s PubSub with the sharded pub/sub that later redis-py releases have
+    (``ssubscribe``, ``sunsubscribe``, ``shard_channels``, resubscribed on a reconnect), for a
+    redis-py whose asyncio PubSub lacks it. Its replies (``ssubscribe``, ``smessage``,
+    ``sunsubscribe``) already come out of ``get_message`` as they are; ``Shard`` translates them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.shard_channels: Dict[Any, Any] = {}
+        self.pending_unsubscribe_shard_channels: Set[Any] = set()
+
+    @property
+    def subscribed(self) -> bool:
+        return bool(self.channels or self.patterns or self.shard_channels)
+
+    async def on_connect(self, connection: Any) -> None:
+        await super().on_connect(connection)
+        if _ASYNC_SSUBSCRIBE:  # redis-py's own on_connect subscribed them again
+            return
+        self.pending_unsubscribe_shard_channels.clear()
+        if self.shard_channels:
+            await self.ssubscribe(*(self.encoder.decode(k, force=True) for k in self.shard_channels))
+
+    async def ssubscribe(self, *args: Any, target_node: Any = None, **kwargs: Any) -> None:
+        await self.execute_command("SSUBSCRIBE", *args)
+        # recorded after the send, as redis-py does: a reconnect meanwhile subscribes them once
+        new = self._normalize_keys(dict.fromkeys(args))
+        self.shard_channels.update(new)
+        self.pending_unsubscribe_shard_channels.difference_update(new)
+
+    def sunsubscribe(self, *args: Any, target_node: Any = None) -> Awaitable[Any]:
+        self.pending_unsubscribe_shard_channels.update(self._normalize_keys(dict.fromkeys(args)))
+        return self.execute_command("SUNSUBSCRIBE", *args)
+
+    async def handle_message(self, response: Any, ignore_subscribe_messages: bool = False) -> Any:
+        if isinstance(response, list) and response and response[0] in (b"sunsubscribe", "sunsubscribe"):
+            channel = response[1]
+            if channel in self.pending_unsubscribe_shard_channels:
+                self.pending_unsubscribe_shard_channels.discard(channel)
+                self.shard_channels.pop(channel, None)
+        return await super().handle_message(  # type: ignore[no-untyped-call]
+            response, ignore_subscribe_messages)
 
 
 class AsyncClusterPort(AsyncPort):
@@ -73,7 +122,9 @@ class AsyncClusterPort(AsyncPort):
                 host, _, port = name.rpartition(":")
                 node_client = me._node_clients[name] = aredis.Redis(
                     connection_pool=aredis.ConnectionPool(host=host, port=int(port), **kwargs))
-            return node_client.pubsub()
+            if _ASYNC_SSUBSCRIBE:
+                return node_client.pubsub()
+            return ShardedPubSub(node_client.connection_pool)
 
         self.dispatcher = AsyncClusterDispatcher(lambda: me, pubsub_for)  # type: ignore[assignment]
         self._nodes: Callable[[], Any] = lambda: proxy.nodes_manager

@@ -24,7 +24,9 @@ class DistReadLock(_AsyncSide, _rwlock.DistReadLock):  # type: ignore[misc]
 
 
 class DistWriteLock(_AsyncSide, _rwlock.DistWriteLock):  # type: ignore[misc]
-    """The write side of a ``distlock.asyncio.DistReadWriteLock`` (owned by the task)."""
+    """The write side of a ``distlock.asyncio.DistReadWriteLock`` (owned by the task). A task
+    that holds only the read side gets False from a single try (``blocking=False``,
+    ``timeout=0``, ``try_lock()``) and RuntimeError from a try that would wait."""
 
 
 class DistReadWriteLock(_rwlock.DistReadWriteLock):

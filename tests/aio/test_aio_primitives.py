@@ -31,6 +31,7 @@ from _support import outcome, url_for
 import distlock
 import distlock.asyncio as aio
 from distlock import LockNotOwnedError
+from distlock._core.keys import RWKeys
 
 pytestmark = pytest.mark.real_redis
 
@@ -1372,6 +1373,8 @@ def test_rwlock_sides_are_owned_by_the_task(url: str, client: redis.Redis) -> No
             assert "owner=task-" in repr(read)
             with pytest.raises(RuntimeError, match="upgrad"):  # refused, not a deadlock
                 await write.acquire()
+            with pytest.raises(RuntimeError, match="upgrad"):
+                await write.acquire(timeout=30)
 
             async def reader() -> bool:
                 side = rw.read_lock()
@@ -1381,6 +1384,36 @@ def test_rwlock_sides_are_owned_by_the_task(url: str, client: redis.Redis) -> No
                 return got
             assert await asyncio.ensure_future(reader()) is True  # readers share
         assert "<unlocked distlock.asyncio.DistReadLock" in repr(read)
+    run(url, body)
+    assert keys(client, name) == _fence_only(name)
+
+
+def test_rwlock_upgrade_by_a_single_try_returns_false(url: str, client: redis.Redis) -> None:
+    """As in the blocking shell: a task that holds only the read lock gets False from a single
+    try for the write lock (no deadlock to refuse), and RuntimeError from one that would wait."""
+    name = _name()
+
+    async def body(ac: Any) -> None:
+        rw = aio.DistReadWriteLock(name, client=ac)
+        read, write = rw.read_lock(), rw.write_lock()
+        async with read:
+            token = read.token
+            assert await write.acquire(blocking=False) is False
+            assert await write.acquire(False) is False
+            assert await write.acquire(timeout=0) is False
+            assert await write.try_lock() is False
+            assert await write.try_lock(0) is False
+            with pytest.raises(RuntimeError, match="upgrad"):
+                await write.try_lock(None)
+            assert not write.owned() and write._recursion_count() == 0
+            assert read.owned() and read._recursion_count() == 1 and read.token == token
+            assert client.zcard(RWKeys.of("distlock:", name).queue) == 0  # never queued
+
+            async def other_task() -> bool:  # no upgrader: refused by this task's read hold
+                return bool(await write.acquire(blocking=False))
+            assert await asyncio.ensure_future(other_task()) is False
+        assert await write.acquire(blocking=False) is True  # the read lock released: granted
+        await write.release()
     run(url, body)
     assert keys(client, name) == _fence_only(name)
 

@@ -369,11 +369,13 @@ def test_reader_reenters_while_a_writer_waits(client: Any) -> None:
 
 
 def test_upgrade_is_refused_at_once(client: Any) -> None:
+    """A try for the write lock that would wait, by a thread that holds only the read lock:
+    two such readers would wait for each other forever, so it raises at once."""
     rw = DistReadWriteLock("upgrade", client=client)
     r, w = rw.read_lock(), rw.write_lock()
     with r:
-        for call in (w.acquire, lambda: w.acquire(False), lambda: w.acquire(timeout=30),
-                     lambda: w.try_lock(None), w.__enter__):
+        for call in (w.acquire, lambda: w.acquire(timeout=30), lambda: w.acquire(True, 0.5),
+                     lambda: w.try_lock(None), lambda: w.try_lock(30), w.__enter__):
             started = time.monotonic()
             with pytest.raises(RuntimeError) as info:
                 call()
@@ -388,6 +390,35 @@ def test_upgrade_is_refused_at_once(client: Any) -> None:
     assert w.acquire(blocking=False)  # after releasing the read lock, fine
     w.release()
     assert _left(client, "upgrade") == _only_fence("upgrade")
+
+
+def test_upgrade_by_a_single_try_returns_false(client: Any) -> None:
+    """A single try for the write lock (``blocking=False``, ``timeout=0``, ``try_lock()``) by a
+    thread that holds only the read lock cannot deadlock: it returns False, as Java's
+    ``writeLock().tryLock()`` does, and leaves the read hold as it was."""
+    rw = DistReadWriteLock("upgrade-try", client=client)
+    r, w = rw.read_lock(), rw.write_lock()
+    with r:
+        token = r.token
+        for call in (lambda: w.acquire(False), lambda: w.acquire(blocking=False),
+                     lambda: w.acquire(timeout=0), lambda: w.acquire(True, 0),
+                     lambda: w.acquire(timeout=-0.0), lambda: w.try_lock(), lambda: w.try_lock(0)):
+            assert call() is False
+        assert not w.owned() and w._recursion_count() == 0 and w.token is None
+        assert r.owned() and r._recursion_count() == 1 and r.token == token
+        assert client.zcard(_keys("upgrade-try").queue) == 0  # never queued
+        with r:  # the read side still re-enters
+            assert r._recursion_count() == 2
+        # another thread is no upgrader: its single try is refused by this reader's hold
+        assert _in_thread(lambda: w.acquire(blocking=False)) is False
+    assert w.acquire(blocking=False)  # after releasing the read lock, granted
+    assert r.acquire(blocking=False)  # a downgrade, while holding the write lock: granted
+    assert w.acquire(blocking=False)  # holding both sides: a re-entry of the write lock
+    assert w._recursion_count() == 2
+    w.release()
+    w.release()
+    r.release()
+    assert _left(client, "upgrade-try") == _only_fence("upgrade-try")
 
 
 def test_downgrade_keeps_the_read_lock_and_wakes_readers(client: Any) -> None:

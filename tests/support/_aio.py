@@ -26,6 +26,17 @@ BOUND = 60.0
 _names = itertools.count(1)
 
 
+async def aclose_sentinel(manager: Any) -> None:
+    """Close a ``redis.asyncio.sentinel.Sentinel``'s clients of its sentinels: its ``aclose()``
+    where redis-py has one; redis-py 7.0 (the newest on Python 3.9) has none, so one by one."""
+    aclose = getattr(manager, "aclose", None)
+    if aclose is not None:
+        await aclose()
+        return
+    for sentinel in manager.sentinels:
+        await sentinel.aclose()
+
+
 class AioRunner:
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
@@ -61,8 +72,14 @@ class AioRunner:
         return queue
 
     def client(self, url: str, **kwargs: Any) -> aredis.Redis:
+        """A new asyncio client of ``url``, made in the loop's thread: on Python 3.9 an asyncio
+        lock binds to the loop current where it is made (not where it is first used), and a
+        client made here, in the test's thread, would hand its pool's lock to another loop."""
         kwargs.setdefault("client_name", f"aio-test-{next(_names)}")
-        made = async_client_from_url(url, **kwargs)
+
+        async def make() -> Any:
+            return async_client_from_url(url, **kwargs)
+        made = self.run(make())
         self.clients.append(made)
         return made
 
@@ -89,7 +106,7 @@ class AioRunner:
                 # own connections to the sentinels open
                 manager = getattr(getattr(made, "connection_pool", None), "sentinel_manager", None)
                 if manager is not None:
-                    await manager.aclose()
+                    await aclose_sentinel(manager)
 
         try:
             self.run(finish(), 10)

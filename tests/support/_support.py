@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import selectors
 import subprocess
 import threading
@@ -76,6 +77,33 @@ def other_client(url: str) -> Any:
     if url.startswith("redis+cluster://"):
         return client_from_url(url)
     return redis.Redis.from_url(url, client_name=f"other-{next(_other_names)}")
+
+
+#: the class of ``threading.RLock()`` on this interpreter (``_thread.RLock``, the C one)
+THREADING_RLOCK = type(threading.RLock())
+
+#: ``_thread.RLock``'s repr, the same on every CPython this project supports:
+#: ``<locked _thread.RLock object owner=139... count=2 at 0x7f...>``
+_RLOCK_REPR = re.compile(r"<(?:un)?locked \S+ object owner=(\d+) count=(\d+) at \S+>")
+
+
+def rlock_depth(lock: Any) -> int:
+    """The calling thread's recursion count on a ``threading.RLock``, as
+    ``_recursion_count()`` reports it: the depth if this thread owns it, else 0.
+
+    Read through what this interpreter's RLock offers: ``_recursion_count()`` where it has one
+    (3.12 and later, and later 3.11 releases such as 3.11.7), else its repr, which has said
+    owner and count on every CPython this project supports (3.9, 3.10 and Debian's 3.11.2 have no
+    ``_recursion_count``). Only for threading's own RLock, the twin a test compares with: a
+    DistRLock's ``_recursion_count()`` is part of its contract, and tests call it directly.
+    """
+    assert type(lock) is THREADING_RLOCK, f"not a threading.RLock: {lock!r}"
+    if hasattr(lock, "_recursion_count"):
+        return int(lock._recursion_count())
+    match = _RLOCK_REPR.fullmatch(repr(lock))
+    assert match is not None, f"unexpected threading.RLock repr: {lock!r}"
+    owner, count = (int(group) for group in match.groups())
+    return count if owner == threading.get_ident() else 0
 
 
 def outcome(fn: Callable[[], Any]) -> Tuple[str, Any]:

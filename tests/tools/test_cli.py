@@ -43,15 +43,22 @@ from distlock.testing.server import free_port
 TIMEOUT = 60  # seconds: the bound of every subprocess call here
 
 # A child that says when it is ready, reports the signal it gets, and exits 3 on it.
+# The handler does no I/O through sys.stdout: a handler runs in the main thread between any
+# two bytecodes, even inside print("ready")'s flush, which holds stdout's buffer, and a print
+# from it then fails with "reentrant call inside <_io.BufferedWriter name='<stdout>'>". It
+# writes the signal number to a pipe with os.write; the main thread waits on the pipe and
+# reports.
 TRAPPING_CHILD = """
-import signal, sys, time
+import os, select, signal, sys
+r, w = os.pipe()
 def handler(signum, frame):
-    print("got", signum, flush=True)
-    sys.exit(3)
+    os.write(w, bytes([signum]))
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     signal.signal(s, handler)
 print("ready", flush=True)
-time.sleep(60)
+if select.select([r], [], [], 60)[0]:
+    print("got", os.read(r, 1)[0], flush=True)
+    sys.exit(3)
 sys.exit(9)
 """
 

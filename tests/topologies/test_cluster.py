@@ -33,6 +33,7 @@ from distlock import (
     DistRLock,
     DistSemaphore,
 )
+from distlock._redis.aport_cluster import ShardedPubSub
 from distlock._redis.executor_cluster import ClusterExecutor
 from distlock._redis.pubsub_cluster import ClusterDispatcher
 from distlock._session.session import all_sessions
@@ -615,6 +616,90 @@ def test_asyncio_primitives_on_the_cluster(cluster: Any, cluster_client: Any) ->
         finally:
             await client.aclose()
     _run(main)
+
+
+def test_an_asyncio_waiter_on_the_cluster_is_woken_by_the_sharded_hint(
+        cluster: Any, cluster_client: Any) -> None:
+    """The release's SPUBLISH wakes an asyncio waiter, through the port's SSUBSCRIBE (its own
+    ``ShardedPubSub`` where redis-py's asyncio PubSub has none, as on Python 3.9). With
+    ``wait_cap`` at 10 minutes, a waiter that missed the hint would sleep past the bound."""
+    distlock.configure(wait_cap=600)
+    name = _name("ahint")
+    node = cluster.master_of_key(_lock_key(name))
+    conn = cluster.node_client(node)
+    holder = DistLock(name, client=cluster_client)
+    assert holder.acquire()
+
+    def waiting() -> bool:
+        return bool(conn.execute_command("PUBSUB", "SHARDCHANNELS", f"distlock:{{{name}}}*"))
+
+    async def main() -> None:
+        client = cluster.aclient()
+        try:
+            lock = aio.DistLock(name, client=client)
+            task = asyncio.ensure_future(lock.acquire())
+            for _ in range(int(BOUND / 0.02)):  # until its SSUBSCRIBE is on the slot's master
+                if waiting() or task.done():
+                    break
+                await asyncio.sleep(0.02)
+            assert waiting() and not task.done()
+            holder.release()
+            assert await asyncio.wait_for(task, BOUND) is True
+            await lock.release()
+        finally:
+            await client.aclose()
+    try:
+        _run(main)
+    finally:
+        if holder.owned():
+            holder.release()
+        conn.close()
+
+
+def test_sharded_pubsub_subscribes_hears_resubscribes_and_unsubscribes(cluster: Any) -> None:
+    """``ShardedPubSub``, the asyncio port's sharded pub/sub where redis-py's asyncio PubSub
+    has none: SSUBSCRIBE confirmed, SPUBLISH heard, the channel subscribed again after its
+    connection dropped, and forgotten after SUNSUBSCRIBE."""
+    channel = f"distlock:{{{_name('shard')}}}:wake"
+    host, port = cluster.master_of_key(channel)
+    conn = cluster.node_client((host, port))
+
+    async def next_message(pubsub: Any) -> Any:
+        for _ in range(int(BOUND / 0.1)):
+            message = await pubsub.get_message(timeout=0.1)
+            if message is not None:
+                return message
+        raise AssertionError(f"no pub/sub message within {BOUND} s")
+
+    async def main() -> None:
+        client = aredis.Redis(host=host, port=port)
+        pubsub = ShardedPubSub(client.connection_pool)
+        try:
+            await pubsub.ssubscribe(channel)
+            message = await next_message(pubsub)
+            assert (message["type"], message["channel"]) == ("ssubscribe", channel.encode())
+            assert pubsub.subscribed and list(pubsub.shard_channels) == [channel.encode()]
+            assert conn.execute_command("SPUBLISH", channel, "hint") == 1
+            message = await next_message(pubsub)
+            assert (message["type"], message["data"]) == ("smessage", b"hint")
+
+            await pubsub.connection.disconnect()  # the next read reconnects and resubscribes
+            message = await next_message(pubsub)
+            assert (message["type"], message["channel"]) == ("ssubscribe", channel.encode())
+            assert conn.execute_command("SPUBLISH", channel, "again") == 1
+            assert (await next_message(pubsub))["data"] == b"again"
+
+            await pubsub.sunsubscribe(channel)
+            assert (await next_message(pubsub))["type"] == "sunsubscribe"
+            assert not pubsub.subscribed and pubsub.shard_channels == {}
+            assert conn.execute_command("PUBSUB", "SHARDNUMSUB", channel)[1] == 0
+        finally:
+            await pubsub.aclose()
+            await client.aclose()
+    try:
+        _run(main)
+    finally:
+        conn.close()
 
 
 def test_a_cluster_url_serves_both_shells(cluster: Any, cluster_client: Any) -> None:
