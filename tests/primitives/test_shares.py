@@ -25,7 +25,7 @@ from _support import other_client as other
 import distlock
 import distlock.asyncio as adistlock
 from distlock._core.settings import reset_settings
-from distlock._core.shares import COMEBACK, NUDGE_AFTER, TURNS, Runs, quantum
+from distlock._core.shares import COMEBACK, MOST, NUDGE_AFTER, TURNS, Runs, quantum
 from distlock._primitives.lock_base import session_of
 from distlock._redis.pubsub import wake_count, yield_turns
 
@@ -87,6 +87,46 @@ def test_runs_stay_small_whatever_the_number_of_names() -> None:
         runs.start(f"k{i}", float(i) * 2, 0.1)
     assert len(runs) <= 256
     assert runs.released("k4999", 9998.05, True)  # the latest is kept
+
+
+def test_a_full_table_keeps_the_run_whose_nudge_is_pending() -> None:
+    """Making room for a new name forgets what it must, never a run whose nudge is scheduled:
+    that nudge would find nothing, and the next process would sleep out its bound."""
+    runs = Runs()
+    runs.start("kept", 0.0, 1.0)
+    assert runs.released("kept", 0.1, True)  # a nudge is scheduled for it
+    for i in range(MOST):  # a full table of names whose quanta are not long past
+        runs.start(f"k{i}", 0.5, 1.0)
+    assert runs.nudge("kept", 0.1 + NUDGE_AFTER) == 0.0  # not None: it wakes the next one
+    assert len(runs) <= MOST
+
+
+def test_two_threads_making_room_at_once_do_not_trip_over_each_other() -> None:
+    """Two threads granted new names of a full table at once (start is the one method that
+    changes the table): the second waits for the first, instead of changing the table under
+    its walk (RuntimeError: dictionary changed size during iteration, out of an acquire that
+    took the lock)."""
+    runs = Runs()
+    for i in range(MOST - 1):
+        runs.start(f"k{i}", 0.0, 1.0)
+    other = threading.Thread(target=runs.start, args=("other", 10.0, 1.0))
+
+    class Midway:
+        """A run whose 'end' hands over to the other thread while the table is walked."""
+        pending = False
+
+        @property
+        def end(self) -> float:
+            if not other.is_alive() and other.ident is None:
+                other.start()
+                other.join(0.5)  # it changes the table now, unless it has to wait its turn
+            return 0.0
+
+    runs._runs["midway"] = Midway()  # type: ignore[assignment]
+    runs.start("mine", 10.0, 1.0)
+    other.join(BOUND)
+    assert not other.is_alive()
+    assert "other" in runs._runs and "mine" in runs._runs
 
 
 # --- configure --------------------------------------------------------------------------------
