@@ -29,6 +29,7 @@ clock is ``time.monotonic()``, read by this process only.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Dict, Optional
 
 __all__ = ["Runs", "KEEP", "YIELD", "NUDGE_AFTER", "COMEBACK", "quantum"]
@@ -73,29 +74,40 @@ class _Run:
 class Runs:
     """This process' quanta, per lock key (``_Run``): when its quantum ends, its last release
     (for ``nudge``), whether it tried to take the lock since, and whether it came straight
-    back after it (it loops)."""
+    back after it (it loops).
 
-    __slots__ = ("_runs",)
+    Threads share it: the user's (every method) and the watchdog's (``nudge``). ``start`` is
+    the one method that changes the table, under a lock; the others look one entry up and set
+    its fields. A release reads ``pending`` after it has set ``tried`` and ``released_at``,
+    and ``nudge`` reads those after it has cleared ``pending``, so a release that finds a
+    nudge pending (and schedules none) is always seen by that nudge."""
+
+    __slots__ = ("_runs", "_lock")
 
     def __init__(self) -> None:
         self._runs: Dict[str, _Run] = {}
+        self._lock = threading.Lock()
 
     def start(self, key: str, now: float, quantum: float) -> None:
         """A wait for ``key`` was granted at ``now``: a quantum of ``quantum`` seconds starts,
         if this process loops (none for a first turn: it is yet to show that it does).
         Entries long past mean nothing any more; they are dropped when the table is full, so
-        that it stays small whatever the number of names."""
-        runs = self._runs
-        if len(runs) >= MOST and key not in runs:
-            for old in [k for k, run in runs.items() if now - run.end >= 1.0 and not run.pending]:
-                del runs[old]
-            if len(runs) >= MOST:
-                runs.clear()
-        run = runs.get(key)
-        if run is None:
-            runs[key] = _Run(now)
-        else:
-            run.end = now + quantum if run.loops else now
+        that it stays small whatever the number of names, and so are all others if that is
+        not enough, except those with a nudge pending (few, and gone in a moment: their nudge
+        needs them)."""
+        with self._lock:
+            runs = self._runs
+            if len(runs) >= MOST and key not in runs:
+                for old in [k for k, run in runs.items() if now - run.end >= 1.0 and not run.pending]:
+                    del runs[old]
+                if len(runs) >= MOST:
+                    for old in [k for k, run in runs.items() if not run.pending]:
+                        del runs[old]
+            run = runs.get(key)
+            if run is None:
+                runs[key] = _Run(now)
+            else:
+                run.end = now + quantum if run.loops else now
 
     def keeps(self, key: str, now: float) -> bool:
         """Is this process in its quantum for ``key``: may its release keep the lock to itself?"""

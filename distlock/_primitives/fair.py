@@ -223,22 +223,28 @@ class FairWaiting(Waiting):
 
 def _lengthen(lock: FairLock, session: Session, hold: Hold, ms: int, received_at: float) -> None:
     """In the watchdog thread: give a hold that was handed over the lease its owner asked for
-    (the internal lease, or what is left of a fixed one); one ``lock_renew``."""
+    (the internal lease, or what is left of a fixed one); one ``lock_renew``, tried again
+    while the handed lease lasts if it fails."""
     if hold.lost or hold.releasing or not session.watchdog.registered(hold):
         return
-    if not hold.watchdog:
-        ms = max(1, ms - int((time.monotonic() - received_at) * 1000))
+    lease = ms if hold.watchdog else max(1, ms - int((time.monotonic() - received_at) * 1000))
     sent_at = time.monotonic()
     try:
         reply = session.run("lock_renew", (hold.key, lock._keys.fence),
-                            (hold.owner, hold.token, ms, ms + settings().fence_retention_ms))
-    except Exception as exc:  # noqa: BLE001 - a watchdog hold is renewed anyway; see the docs
-        log.warning("distlock: could not lengthen the lease of %s after a hand-off: %r",
-                    hold.key, exc)
+                            (hold.owner, hold.token, lease, lease + settings().fence_retention_ms))
+    except Exception as exc:  # noqa: BLE001 - tried again, or it ends with its short lease
+        # Nothing else lengthens it in time: the watchdog's next round may come after the
+        # handed lease ran out, and a fixed lease is never renewed.
+        left = hold.expires_at - time.monotonic()
+        log.warning("distlock: could not lengthen the lease of %s after a hand-off: %r%s",
+                    hold.key, exc, "; trying again" if left > LENGTHEN_AFTER else "")
+        if left > LENGTHEN_AFTER:
+            session.defer_at(time.monotonic() + min(1.0, settings().renew_interval, left / 2),
+                             functools.partial(_lengthen, lock, session, hold, ms, received_at))
         return
     if renewal(reply) is RENEWED:
-        hold.lease_ms = ms
-        hold.expires_at = sent_at + ms / 1000.0
+        hold.lease_ms = lease
+        hold.expires_at = sent_at + lease / 1000.0
     elif not hold.releasing and session.watchdog.registered(hold):
         session.mark_lost(hold, "it was gone before its hand-off lease was lengthened")
 

@@ -122,12 +122,13 @@ class _LockWaiting(Waiting):
 
 def _nudge(keys: Keys, session: Session) -> None:
     """In the watchdog thread, ``NUDGE_AFTER`` a release in a quantum: if this process has not
-    tried to take the lock since, wake the next waiting process (``_core.shares``)."""
+    tried to take the lock since, wake the next waiting process (``_core.shares``). At
+    interpreter exit (``Session.release_all``), at once: the process will not try again."""
     now = time.monotonic()
     due = session.runs.nudge(keys.lock, now)
     if due is None or session.closed:
         return
-    if due > now:  # released again meanwhile: look again then
+    if due > now and not session.exiting:  # released again meanwhile: look again then
         session.defer_at(due, functools.partial(_nudge, keys, session))
         return
     try:

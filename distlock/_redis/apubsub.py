@@ -108,8 +108,11 @@ class AsyncDispatcher(Board):
                     if done:
                         return  # nothing left to wait on: the task and its connection go
                     if names:
-                        async with self._io:  # type: ignore[union-attr]
-                            await pubsub.unsubscribe(*names)
+                        try:
+                            async with self._io:  # type: ignore[union-attr]
+                                await pubsub.unsubscribe(*names)
+                        except redis.RedisError as exc:  # see Dispatcher._unsubscribe_idle
+                            await self._on_broken(exc)
                 except Exception:  # noqa: BLE001 - a surprise in one message must not stop the rest
                     log.exception("distlock: pub/sub reader error")
         finally:

@@ -7,6 +7,11 @@ hint or their bound, and leave. Subscriptions are reference-counted and dropped
 the first waiter and exits, closing its connection, once no channel is left: a process that
 stops waiting keeps no thread and no connection for it.
 
+A channel given up stays on the board, ``leaving``, until the server confirms its UNSUBSCRIBE;
+no SUBSCRIBE is sent for it meanwhile (one that overtook the UNSUBSCRIBE would be undone by it,
+the dispatcher believing the channel subscribed), and if waiters joined it, the reader
+subscribes it again once the confirmation came.
+
 Hints are only hints (docs/design.rst, principle 1): a lost message or a dropped connection costs a
 waiter at most its bound.
 """
@@ -66,7 +71,7 @@ class Waiter:
 
 class Channel:
     __slots__ = ("name", "refs", "pending", "confirmed", "waiters", "idle_since", "was_up", "moved",
-                 "turns")
+                 "turns", "leaving")
 
     def __init__(self, name: str, event: Callable[[], Any] = threading.Event) -> None:
         self.name = name
@@ -82,6 +87,9 @@ class Channel:
         #: how many processes took turns with a default lock at the last yield to this
         #: process (a 'y<n>' hint; 0: none yet): its next quantum is barge_limit / n (_shares)
         self.turns = 0
+        #: UNSUBSCRIBE decided (``_drop_idle``), its confirmation not arrived yet: no SUBSCRIBE
+        #: is sent until it has, so that the server never runs one before the other
+        self.leaving = False
 
 
 class Board:
@@ -112,7 +120,9 @@ class Board:
         waiter = Waiter(chan, ident, self.event)
         chan.waiters.append(waiter)
         pubsub = self._pubsub
-        send = chan.pending == 0 and not chan.confirmed.is_set() and pubsub is not None
+        # a channel leaving is subscribed again by the reader once its UNSUBSCRIBE is confirmed
+        send = (chan.pending == 0 and not chan.confirmed.is_set() and not chan.leaving
+                and pubsub is not None)
         if send:
             chan.pending += 1
         return waiter, pubsub if send else None
@@ -200,32 +210,45 @@ class Board:
             chan.was_up = chan.was_up or chan.confirmed.is_set()
             chan.confirmed.clear()
             chan.pending = 0
+            chan.leaving = False  # nothing is subscribed on a new connection
 
     def _to_resubscribe(self) -> List[str]:
-        """The channels with waiters that are neither subscribed nor on their way; counted as
-        on their way from now."""
+        """The channels with waiters that are neither subscribed nor on their way (nor leaving:
+        their UNSUBSCRIBE goes first); counted as on their way from now."""
         with self.mutex:
             names = [c.name for c in self.channels.values()
-                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set() and not c.moved]
+                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set() and not c.moved
+                     and not c.leaving]
             for name in names:
                 self.channels[name].pending += 1
         return names
 
     def _drop_idle(self) -> tuple[List[str], bool]:
-        """Forget channels idle for UNSUBSCRIBE_AFTER; return those still subscribed, to
-        UNSUBSCRIBE, and whether none is left (the reader should then exit: it has given up
-        its place, and must close its connection)."""
+        """Give up channels idle for UNSUBSCRIBE_AFTER; return those subscribed, to UNSUBSCRIBE,
+        and whether none is left (the reader should then exit: it has given up its place, and
+        must close its connection, which unsubscribes everything).
+
+        A subscribed channel stays on the board, ``leaving``, until the server confirms the
+        UNSUBSCRIBE (``_handle``); one that is not subscribed is forgotten now."""
         now = time.monotonic()
         with self.mutex:
             idle = [c for c in self.channels.values()
-                    if c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER]
-            for chan in idle:
-                del self.channels[chan.name]
-            done = not self.channels
-            if done:
+                    if c.refs == 0 and c.pending == 0
+                    and (c.leaving or now - c.idle_since > UNSUBSCRIBE_AFTER)]
+            if len(idle) == len(self.channels):
+                self.channels.clear()
                 self._reader_gone()
                 self._pubsub = None
-        return [c.name for c in idle if c.confirmed.is_set()], done
+                return [], True
+            names = []
+            for chan in idle:
+                if chan.confirmed.is_set():
+                    chan.confirmed.clear()
+                    chan.leaving = True
+                    names.append(chan.name)
+                elif not chan.leaving:
+                    del self.channels[chan.name]
+        return names, False
 
     def _reader_gone(self) -> None:
         """The reader exits idle (holds the mutex)."""
@@ -242,7 +265,9 @@ class Board:
             if kind == "subscribe":
                 # A confirmation for a channel that was subscribed before is a re-subscription
                 # (ours, or redis-py's own after it reconnected inside get_message): hints sent
-                # while the connection was down are lost, so every waiter tries again now.
+                # while the connection was down are lost, so every waiter tries again now. On a
+                # channel leaving it is redis-py's (its UNSUBSCRIBE went with the old connection).
+                chan.leaving = False
                 again = chan.was_up or chan.confirmed.is_set()
                 chan.pending = max(0, chan.pending - 1)
                 if chan.pending == 0:
@@ -250,11 +275,21 @@ class Board:
                 if again:
                     chan.was_up = False
                     _wake(chan, None)
+            elif kind == "unsubscribe":
+                # The server no longer has it subscribed (ours confirmed, or one redis-py sent
+                # again after it reconnected): gone if unused, else the reader subscribes it
+                # again (_to_resubscribe), waking its waiters if it had been confirmed.
+                chan.leaving = False
+                chan.was_up = chan.was_up or chan.confirmed.is_set()
+                chan.confirmed.clear()
+                if chan.refs == 0 and chan.pending == 0:
+                    del self.channels[chan.name]
             elif kind == "moved":
                 # A cluster moved the channel's slot to another node (``_redis.pubsub_cluster``):
                 # every waiter tries again, and then waits on the new owner.
                 chan.moved = True
                 chan.pending = 0
+                chan.leaving = False
                 chan.confirmed.clear()
                 _wake(chan, None)
             elif kind == "message":
@@ -408,8 +443,13 @@ class Dispatcher(Board):
         if done:
             _close_quietly(pubsub)
         elif names:
-            with self._io:
-                pubsub.unsubscribe(*names)
+            try:
+                with self._io:
+                    pubsub.unsubscribe(*names)
+            except redis.RedisError as exc:
+                # Whether the server ran it is unknown, and the channels wait for its
+                # confirmation: start over on a fresh connection, where nothing is subscribed.
+                self._on_broken(exc)
         return done
 
     def _reader_gone(self) -> None:

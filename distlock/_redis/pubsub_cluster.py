@@ -206,9 +206,9 @@ class _NodeDispatcher(Dispatcher):
 class Shard:
     """How one node's pub/sub connection is spoken, without I/O: SSUBSCRIBE (or SUBSCRIBE on
     servers without sharded pub/sub), sharded messages renamed to what ``Board`` knows
-    (``subscribe``, ``message``), and ``moved`` for a channel whose slot is elsewhere now: the
-    server's own ``sunsubscribe``, a MOVED reply, or a channel to subscribe that the slot map
-    places on another node."""
+    (``subscribe``, ``message``, and ``unsubscribe`` for the confirmation of ours), and
+    ``moved`` for a channel whose slot is elsewhere now: the server's own ``sunsubscribe``, a
+    MOVED reply, or a channel to subscribe that the slot map places on another node."""
 
     def __init__(self, source: Any, node_name: str) -> None:
         self.source = source
@@ -216,7 +216,8 @@ class Shard:
         self.sharded = bool(source.sharded)
         #: synthetic messages to hand out before reading the connection again
         self.pending: List[Dict[str, Any]] = []
-        #: channels we unsubscribed ourselves: their ``sunsubscribe`` is a confirmation, not news
+        #: channels we unsubscribed ourselves: their ``sunsubscribe`` confirms it (handed on as
+        #: ``unsubscribe``), it does not say the slot moved
         self.leaving: Set[str] = set()
 
     def owned(self, names: tuple[str, ...]) -> List[str]:
@@ -242,9 +243,9 @@ class Shard:
         kind = message.get("type")
         if kind in ("sunsubscribe", "unsubscribe"):
             name = _text(message.get("channel"))
-            if name in self.leaving:
+            if name in self.leaving:  # ours, confirmed: the dispatcher may subscribe it again
                 self.leaving.discard(name)
-                return None
+                return dict(message, type="unsubscribe")
             if kind == "unsubscribe":
                 return None
             # The server's own: the slot moved. redis-py would subscribe it here again after a

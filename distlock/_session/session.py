@@ -88,6 +88,8 @@ class Session:
         self.info = f"{socket.gethostname()}:{os.getpid()}"
         self.pid = os.getpid()
         self.closed = False
+        #: the interpreter exits (``release_all``): a nudge due later is sent at once
+        self.exiting = False
         #: ids of the user clients alive that resolve to this session (see ``session_for``)
         self.users: Set[int] = set()
         self.executor = executor_for(client, None if user is None else user())
@@ -233,8 +235,10 @@ class Session:
     def release_all(self) -> None:
         """Give back every hold still held (interpreter exit): other hosts need not wait out
         the lease of a process that is going away; and wake now the waiters this process was
-        about to wake (``_core.shares``). Errors are logged, never raised."""
-        self.watchdog.run_timed_now()
+        about to wake (``_core.shares``), those of the releases made here included: a release
+        in a quantum wakes nobody and leaves that to a nudge, which the session, closed next,
+        would never send. Errors are logged, never raised."""
+        self.exiting = True
         for hold in list(self.holds.values()):
             if hold.lost or hold.end is None:
                 continue
@@ -243,6 +247,7 @@ class Session:
             except Exception as exc:  # noqa: BLE001 - exiting: what fails is left to its lease
                 log.warning("distlock: could not release %s at exit: %r", hold.key, exc)
             self.watchdog.drop(hold)
+        self.watchdog.run_timed_now()
 
     def close(self, join: bool = True) -> None:
         """Stop this session's threads (``join``: and wait for them) and close the connections

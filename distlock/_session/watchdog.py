@@ -203,7 +203,11 @@ class Watchdog:
                     self._thread = None
                     if not self.closed and not self._idle_locked():
                         self._ensure_locked()
-            self._drop_renewer()
+                # The connection is the executor's, not this thread's: once a new thread has
+                # started (a hold came meanwhile), it renews through it. Under the mutex, so
+                # that none starts while it is being closed.
+                if self._thread is None:
+                    self._drop_renewer()
 
     def _run(self) -> None:
         last_round = time.monotonic()

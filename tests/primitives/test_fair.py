@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, List
 
 import pytest
+import redis
 from _fair_workers import queue_threads, wait_and_hold
 from _procs import recv
 from _support import other_client as other
@@ -129,6 +130,46 @@ def test_the_hand_off_needs_no_second_round_trip(url: str, client: Any) -> None:
     assert waiter.owned() and waiter.token == int(client.hget("distlock:{direct}", ":t"))
     # the watchdog lengthens the short hand-off lease to the internal one
     until(lambda: client.pttl("distlock:{direct}") > entry_lease_ms(3.0), what="lengthened lease")
+    waiter.release()
+
+
+@pytest.mark.parametrize("lease", [None, 60.0])
+def test_a_hand_off_lease_is_lengthened_even_when_the_first_try_fails(url: str, client: Any,
+                                                                     lease: Any) -> None:
+    """The lease handed over is the waiter's entry's time left (7 s at most); the one
+    ``lock_renew`` that lengthens it fails here (a connection error). Nothing else would
+    lengthen it in time (the watchdog renews every 10 s; a fixed lease is never renewed), so
+    it is tried again while the short lease lasts."""
+    name = f"lengthen-{lease}"
+    holder = distlock.DistLock(name, client=client, fair=True)
+    assert holder.acquire()
+    waiter = distlock.DistLock(name, client=other(url), fair=True, lease=lease)
+    session = session_of(waiter)
+    real_run = session.run
+    failed: List[str] = []
+
+    def flaky_run(script: str, *args: Any) -> Any:
+        if script == "lock_renew" and not failed:
+            failed.append(script)
+            raise redis.ConnectionError("the first lengthening does not get through")
+        return real_run(script, *args)
+
+    session.run = flaky_run  # type: ignore[method-assign]
+    result: List[bool] = []
+    thread = threading.Thread(target=lambda: result.append(waiter.acquire(timeout=60)))
+    thread.start()
+    try:
+        until(lambda: client.zcard(keys(name)["order"]) == 1, what="queued waiter")
+        holder.release()
+        thread.join(60)
+        assert result == [True]
+        until(lambda: failed, what="the failed lengthening")
+        until(lambda: client.pttl(f"distlock:{{{name}}}") > entry_lease_ms(3.0),
+              what="the lease lengthened after all")
+        assert waiter.owned()
+    finally:
+        session.run = real_run  # type: ignore[method-assign]
+        thread.join(60)
     waiter.release()
 
 

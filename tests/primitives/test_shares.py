@@ -8,20 +8,24 @@ The scripts' part runs on real servers (``url``); ``Runs`` and ``configure`` nee
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
+import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 from _fair_workers import queue_threads
 from _procs import recv
 from _shares_workers import hog, share, take_once
+from _support import BOUND, until
 from _support import other_client as other
-from _support import until
 
 import distlock
 import distlock.asyncio as adistlock
 from distlock._core.settings import reset_settings
-from distlock._core.shares import COMEBACK, NUDGE_AFTER, TURNS, Runs, quantum
+from distlock._core.shares import COMEBACK, MOST, NUDGE_AFTER, TURNS, Runs, quantum
 from distlock._primitives.lock_base import session_of
 from distlock._redis.pubsub import wake_count, yield_turns
 
@@ -83,6 +87,46 @@ def test_runs_stay_small_whatever_the_number_of_names() -> None:
         runs.start(f"k{i}", float(i) * 2, 0.1)
     assert len(runs) <= 256
     assert runs.released("k4999", 9998.05, True)  # the latest is kept
+
+
+def test_a_full_table_keeps_the_run_whose_nudge_is_pending() -> None:
+    """Making room for a new name forgets what it must, never a run whose nudge is scheduled:
+    that nudge would find nothing, and the next process would sleep out its bound."""
+    runs = Runs()
+    runs.start("kept", 0.0, 1.0)
+    assert runs.released("kept", 0.1, True)  # a nudge is scheduled for it
+    for i in range(MOST):  # a full table of names whose quanta are not long past
+        runs.start(f"k{i}", 0.5, 1.0)
+    assert runs.nudge("kept", 0.1 + NUDGE_AFTER) == 0.0  # not None: it wakes the next one
+    assert len(runs) <= MOST
+
+
+def test_two_threads_making_room_at_once_do_not_trip_over_each_other() -> None:
+    """Two threads granted new names of a full table at once (start is the one method that
+    changes the table): the second waits for the first, instead of changing the table under
+    its walk (RuntimeError: dictionary changed size during iteration, out of an acquire that
+    took the lock)."""
+    runs = Runs()
+    for i in range(MOST - 1):
+        runs.start(f"k{i}", 0.0, 1.0)
+    other = threading.Thread(target=runs.start, args=("other", 10.0, 1.0))
+
+    class Midway:
+        """A run whose 'end' hands over to the other thread while the table is walked."""
+        pending = False
+
+        @property
+        def end(self) -> float:
+            if not other.is_alive() and other.ident is None:
+                other.start()
+                other.join(0.5)  # it changes the table now, unless it has to wait its turn
+            return 0.0
+
+    runs._runs["midway"] = Midway()  # type: ignore[assignment]
+    runs.start("mine", 10.0, 1.0)
+    other.join(BOUND)
+    assert not other.is_alive()
+    assert "other" in runs._runs and "mine" in runs._runs
 
 
 # --- configure --------------------------------------------------------------------------------
@@ -312,3 +356,70 @@ def test_with_no_limit_a_release_never_yields(url: str, client: Any) -> None:
     lock.release()
     assert client.exists(k["lock"]) == 0  # freed, not kept for the waiter (who was woken)
     assert client.exists(k["queue"]) == 0
+
+
+# --- interpreter exit -------------------------------------------------------------------------
+
+_EXITING_IN_A_QUANTUM = textwrap.dedent("""
+    import sys, time, redis
+    import distlock
+    from distlock._core import shares
+    from distlock._primitives import lock_base
+    from distlock._primitives.lock_base import session_of
+    # no nudge comes due while the process lives: only its exit can send one
+    shares.NUDGE_AFTER = lock_base.NUDGE_AFTER = 600.0
+    distlock.configure(lease=600.0)  # the waiter's bound is its wait cap, not this lease
+    kind, how = sys.argv[2], sys.argv[3]
+    lock = getattr(distlock, kind)("exit-nudge", client=redis.Redis.from_url(sys.argv[1]))
+    assert lock.acquire()
+    # in its quantum, as a process is that got the lock by waiting and loops (_core.shares)
+    runs, key, now = session_of(lock).runs, lock._keys.lock, time.monotonic()
+    runs.start(key, now, 0.0)
+    runs.released(key, now, False)
+    runs.touch(key, now)
+    runs.start(key, now, 3600.0)
+    assert runs.keeps(key, time.monotonic())
+    print("held", flush=True)
+    sys.stdin.readline()  # another process waits now
+    if how == "release":
+        lock.release()  # kept: it wakes nobody, and its nudge is not due before the exit
+    # else the interpreter exits holding it: release_at_exit gives it back, in the quantum
+""")
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind, how", [("DistRLock", "held"), ("DistRLock", "release"),
+                                       ("DistLock", "release")])
+def test_a_release_in_a_quantum_at_exit_still_wakes_the_next_process(
+        url: str, client: Any, kind: str, how: str) -> None:
+    """A process that releases in its quantum wakes nobody and leaves the next waiter to its
+    nudge. If it exits first (giving the lock back at exit, or having just released it), the
+    exit sends that nudge: the waiter of another process is woken at once, long before its
+    bound (a wait cap of 120 s here; its timeout of 40 s would end it first)."""
+    distlock.configure(wait_cap=120.0)
+    k = keys("exit-nudge")
+    proc = subprocess.Popen([sys.executable, "-c", _EXITING_IN_A_QUANTUM, url, kind, how],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    got: List[bool] = []
+    waiter = getattr(distlock, kind)("exit-nudge", client=other(url))
+
+    def wait() -> None:
+        got.append(waiter.acquire(timeout=BOUND * 2))
+        if got[0]:
+            waiter.release()
+    thread = threading.Thread(target=wait)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+        thread.start()
+        until(lambda: client.zcard(k["queue"]) == 1, what="the waiter registered")
+        _, err = proc.communicate("go\n", timeout=BOUND)
+        assert proc.returncode == 0, err
+        thread.join(BOUND)
+        assert got == [True], "the waiter was not woken: it sleeps out its bound"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if thread.is_alive():
+            thread.join(BOUND * 2)
