@@ -23,7 +23,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from .._core.errors import LockLostError
-from .._primitives.lock_base import hold_of, still_held
+from .._primitives.lock_reach import hold_of, still_held
 from .connect import client_for
 from .exits import EXIT_LOST, err, one_line
 from .state import fetch_states, holder_summary

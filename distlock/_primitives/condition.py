@@ -45,7 +45,8 @@ from .._redis.clients import ClientArg, check_client
 from .._session.session import Hold, Session, SessionUser
 from .engine import Waiting, waiting_flow
 from .lock import DistLock, DistRLock, _ThreadOwned
-from .lock_base import _UNSET, _LockBase, release_into, session_of
+from .lock_base import _UNSET, _LockBase
+from .lock_reach import release_into, session_of
 
 #: More waiters than any queue holds: a larger ``n`` is "all of them".
 _ALL = 1 << 31

@@ -15,7 +15,7 @@ import redis
 
 from .._core.checks import check_acquire_args, check_lease, check_name, check_try_lock_timeout
 from .._core.deadlines import lease_ms, registry_lease_ms
-from .._core.errors import LockLostError, LockNotOwnedError, QuorumError
+from .._core.errors import LockLostError, QuorumError
 from .._core.flow import Flow, Read, Run, drive
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import LOST
@@ -32,8 +32,7 @@ from .._session.session import Hold, Session, SessionUser, Waiter, add_lost_call
 from .engine import Waiting, waiting_flow
 from .fair import FairWaiting, check_fair, fair_release, first_try, refuse_fair_quorum
 from .lock_wait import QUORUM_RETRY_MS, _finish_release, _LockWaiting, _nudge
-
-__all__ = ["session_of", "hold_of", "still_held", "release_into"]
+from .lost import reentry_lost, settle_release, surplus
 
 log = logging.getLogger("distlock")
 
@@ -332,7 +331,13 @@ class _LockBase(SessionUser):
         if held.lost:
             raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
                                 name=self._name, token=held.token)
-        reply = yield from self._call_acquire(session, held.owner, ms, count, str(held.token))
+        try:
+            reply = yield from self._call_acquire(session, held.owner, ms, count, str(held.token))
+        except (redis.ResponseError, QuorumError):
+            raise  # it did not run, or failed, or (Redlock) was undone: nothing was added
+        except BaseException:
+            yield from self._undo_lost_reentry(held, count)  # its reply was lost: lost.py
+            raise
         if decode_reenter(reply) is LOST:
             session.mark_lost(held)
             raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
@@ -385,18 +390,26 @@ class _LockBase(SessionUser):
         try:
             outcome = decode_release((yield from self._call_release(hold, count)))
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and self._hold_key == self._keys.lock:
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            if cancelled and self._hold_key == self._keys.lock:
                 # An asyncio release cut short (its loop is shutting down and cancelled the
                 # tasks it waits on): the watchdog thread finishes it, reading first whether
                 # it ran. The hold stays registered meanwhile, so interpreter exit gives it
                 # back if the process ends first. A release is never left undone.
                 session.defer(functools.partial(_finish_release, self, session, hold, count, depth))
                 raise
-            # The server may or may not have released it; stop renewing so that, at worst, the
-            # hold ends with its lease.
-            self._forget(hold)
-            session.drop_hold(hold)
+            # Its reply was lost: read whether it ran, finish it if not (lost.py). What cannot
+            # be read: stop renewing, so that, at worst, the hold ends with its lease.
+            kept = None if cancelled else (yield from self._settle_lost_release(hold, count, depth))
+            if kept is None:
+                self._forget(hold)
+                session.drop_hold(hold)
+            else:
+                hold.count, hold.releasing = kept, False
             raise
+        extra = 0 if outcome is LOST else surplus(hold, outcome.left, depth - count if count else 0)  # type: ignore[union-attr]
+        if extra > 0:  # levels of a re-entry whose reply was lost, not read then: give them back
+            outcome = decode_release((yield from self._call_release(hold, extra)))
         if outcome is LOST:
             self._forget(hold)
             session.drop_hold(hold)
@@ -410,6 +423,18 @@ class _LockBase(SessionUser):
         else:
             hold.releasing = False
         return left
+
+    def _undo_lost_reentry(self, hold: Hold, added: int) -> Flow[None]:
+        """A re-entry of ``hold`` lost its reply: give back the levels it added (lost.py)."""
+        keys = self._keys
+        yield from reentry_lost(hold, keys.lock, added, lambda n: Run(
+            "lock_release", (keys.lock, keys.queue), (hold.owner, hold.token, n)))
+
+    def _settle_lost_release(self, hold: Hold, count: int, depth: int) -> Flow[Optional[int]]:
+        """A release of ``hold`` lost its reply: the levels still held, None for none or
+        unknown (lost.py)."""
+        return (yield from settle_release(hold, hold.key, count, depth,
+                                          lambda: self._call_release(hold, count)))
 
     def _still_held(self, hold: Hold) -> bool:
         """One round trip: is ``hold`` still in Redis, with its token? (``distlock run``
@@ -463,45 +488,3 @@ def _end_whole(keys: Keys, hold: Hold) -> None:
     hold.session.run("lock_release", (keys.lock, keys.queue), (hold.owner, hold.token, 0))
 
 
-def session_of(lock: _LockBase) -> Session:
-    """The session ``lock`` talks through."""
-    return lock._session()
-
-
-def hold_of(lock: _LockBase) -> Optional[Hold]:
-    """The caller's current hold of ``lock`` (this object's for a DistLock, this thread's for
-    the others), lost or not; None when it holds nothing."""
-    return lock._current(lock._session())
-
-
-def still_held(lock: _LockBase, hold: Hold) -> bool:
-    """One round trip: is ``hold`` of ``lock`` still in Redis, as it was granted?"""
-    return lock._still_held(hold)
-
-
-def release_into(lock: _LockBase, session: Session, script: str, keys: Tuple[str, ...],
-                 args: Tuple[Any, ...]) -> Flow[int]:
-    """Release the caller's whole hold of ``lock`` inside ``script``, which also does its own
-    work (a condition's ``cond_wait`` joins its queue): it gets ``keys`` plus the lock's hash
-    and registry, and ``args`` plus the hold's owner and token, and replies -1 when the hold
-    was not ours any more. Keep the lock's books as its own release would; return the count
-    the hold had. Raise LockNotOwnedError, or LockLostError (after ``on_lost``)."""
-    hold = lock._current(session)
-    if hold is None:
-        raise LockNotOwnedError(lock._unowned_message, name=lock.name)
-    if hold.lost:
-        raise LockLostError(f"lease on {lock.name!r} was lost before release",
-                            name=lock.name, token=hold.token)
-    count = hold.count
-    lock._forget(hold)
-    try:
-        reply = int((yield Run(script, (*keys, lock._keys.lock, lock._keys.queue),
-                            (*args, hold.owner, hold.token))))
-    finally:
-        hold.count = 0
-        session.drop_hold(hold)
-    if decode_release(reply) is LOST:
-        session.mark_lost(hold)
-        raise LockLostError(f"lease on {lock.name!r} was lost before release",
-                            name=lock.name, token=hold.token)
-    return count

@@ -41,6 +41,7 @@ from .._redis.clients import ClientArg
 from .._session.session import Hold, Session, Waiter
 from .engine import Waiting
 from .lock import _ThreadOwned
+from .lost import reentry_lost
 
 
 def reader_member(owner: str, token: int, info: str) -> str:
@@ -296,6 +297,26 @@ class DistReadLock(_RWSide):
         deadline, (seconds, micros) = batch.execute()
         return deadline is not None and float(deadline) > int(seconds) * 1000 + int(micros) // 1000
 
+    def _undo_lost_reentry(self, hold: Hold, added: int) -> Flow[None]:
+        """A read re-entry adds no level in Redis (the depth is kept here): nothing to undo."""
+        return
+        yield
+
+    def _settle_lost_release(self, hold: Hold, count: int, depth: int) -> Flow[Optional[int]]:
+        """A release of a read hold lost its reply. One that leaves levels changes nothing in
+        Redis; the last one removes the member: if it is still there, it did not run, and is
+        sent now (``_primitives.lost``)."""
+        left = read_release_left(depth, count)
+        if left > 0:
+            return left
+        member = reader_member(hold.owner, hold.token, hold.session.info)
+        try:
+            if (yield Read("ZSCORE", self._rw.readers, member)) is not None:
+                yield from self._call_release(hold, count)
+        except redis.RedisError:
+            pass
+        return None
+
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         rw = self._rw
         left = read_release_left(hold.count, count)
@@ -385,6 +406,14 @@ class DistWriteLock(_RWSide):
                        optional_tail((owner, int(token)), int(held), 1))
         except redis.RedisError:
             pass
+
+    def _undo_lost_reentry(self, hold: Hold, added: int) -> Flow[None]:
+        """A re-entry of the write hold lost its reply: give back the levels it added
+        (``_primitives.lost``)."""
+        rw = self._rw
+        yield from reentry_lost(hold, rw.writer, added, lambda n: Run(
+            "rw_write_release", (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+            optional_tail((hold.owner, hold.token), n, 1)))
 
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         rw = self._rw

@@ -40,6 +40,7 @@ from .apubsub import AsyncDispatcher
 from .clients import DEFAULT_IO_TIMEOUT
 from .direct import packer, taker
 from .executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located
+from .failpoints import FailPoints
 from .pubsub import Waiter
 
 __all__ = ["AsyncPort", "blocking_twin", "aread_pair"]
@@ -154,6 +155,8 @@ class AsyncPort:
         self._gate_waiters: Deque[asyncio.Future[None]] = collections.deque()
         #: scripts loaded before their first run with ``acks`` (see ``Executor.run``)
         self._preloaded: set[str] = set()
+        #: the tests' seam (``_redis.failpoints``): None unless a test installs one
+        self.failpoints: Optional[FailPoints] = None
         self._client = weakref.proxy(client)
         self._attach(client)
 
@@ -193,12 +196,13 @@ class AsyncPort:
         else:
             await self._gate_wait()
         try:
+            failpoints = self.failpoints
+            if failpoints is not None:
+                return await failpoints.around_async(
+                    name, keys, args, lambda: self._sent(name, script, keys, args, acks))
             if acks is None:
                 return await self._script(script, keys, args)
-            if name not in self._preloaded:  # see Executor.run: a NOSCRIPT would cost a timeout
-                await self._bounded(self._client.script_load(script.script), self._io_bound)
-                self._preloaded.add(name)
-            return await self._script(script, keys, args, ("WAIT", *acks))
+            return await self._sent(name, script, keys, args, acks)
         except redis.exceptions.ResponseError as exc:
             raise located(name, exc) from None
         except redis.ConnectionError as exc:
@@ -208,6 +212,16 @@ class AsyncPort:
             self._free += 1
             if self._gate_waiters:
                 self._wake_next()
+
+    async def _sent(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
+                    acks: Optional[Tuple[int, int]]) -> Any:
+        """``run``'s send (``acks``: with a WAIT behind it)."""
+        if acks is None:
+            return await self._script(script, keys, args)
+        if name not in self._preloaded:  # see Executor.run: a NOSCRIPT would cost a timeout
+            await self._bounded(self._client.script_load(script.script), self._io_bound)
+            self._preloaded.add(name)
+        return await self._script(script, keys, args, ("WAIT", *acks))
 
     async def _script(self, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
                       then: Optional[Tuple[Any, ...]] = None) -> Any:

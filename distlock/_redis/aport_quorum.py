@@ -33,7 +33,8 @@ from .apubsub import AsyncDispatcher
 from .direct import packer, taker
 from .executor import NOSCRIPT_TRIES, located
 from .executor_quorum import QuorumExecutor
-from .fanout_quorum import Entry, Plan, T, merge
+from .failpoints import BEFORE, LATE, injected
+from .fanout_quorum import Entry, Plan, T, late, merge, unsent
 from .pubsub import Waiter
 from .pubsub_quorum import Boards
 
@@ -106,8 +107,11 @@ class AsyncQuorumPort(AsyncPort):
 
     async def fanout(self, jobs: Dict[int, List[Entry]], deadline: float,
                      undo: Optional[Entry] = None) -> Dict[int, Any]:
-        """``QuorumExecutor.fanout`` on the masters' asyncio connections."""
-        out = await self._round(jobs, deadline, undo)
+        """``QuorumExecutor.fanout`` on the masters' asyncio connections (a test's failpoints
+        apply per master, as there)."""
+        failpoints = self.failpoints
+        faults = failpoints.fanout(jobs)[1] if failpoints is not None else None
+        out = await self._round(jobs, deadline, undo, faults)
         for _ in range(NOSCRIPT_TRIES):
             again, where = self.quorum.reloads(jobs, out)
             if not again:
@@ -116,7 +120,7 @@ class AsyncQuorumPort(AsyncPort):
         return out
 
     async def _round(self, jobs: Dict[int, List[Entry]], deadline: float,
-                     undo: Optional[Entry]) -> Dict[int, Any]:
+                     undo: Optional[Entry], faults: Optional[Dict[int, str]] = None) -> Dict[int, Any]:
         executor = self.quorum
         out: Dict[int, Any] = {}
         sent: List[Tuple[Any, Any, List[Tuple[str, str]], int]] = []
@@ -127,6 +131,9 @@ class AsyncQuorumPort(AsyncPort):
                 skip = executor.skipped(master)
                 if not entries or skip is not None:
                     out[i] = skip if skip is not None else []
+                    continue
+                if faults and faults.get(i) == BEFORE:
+                    out[i] = unsent(injected(BEFORE))
                     continue
                 take, give, _ = self._pools[i]
                 try:
@@ -185,11 +192,27 @@ class AsyncQuorumPort(AsyncPort):
                     raise got
                 out[master.index] = got
                 continue
+            fault = faults.get(master.index) if faults else None
+            undone = False
+            if fault == LATE and undo is not None:  # as a real late reply leaves it (``fanout``)
+                undone = await self._undo_now(master, conn, undo)
             await give(conn)
             out[master.index], known = executor.absorb(master, prefix, got)
             if known:
                 conn._distlock_writer = conn._writer
+            if fault is not None:  # it ran; its reply is dropped (see ``_redis.failpoints``)
+                out[master.index] = late(injected(fault), undone)
         return out
+
+    async def _undo_now(self, master: Any, conn: Any, entry: Entry) -> bool:
+        """A failpoint's late reply: the undo written behind the try, and its reply read."""
+        if not await self._send_behind(master, conn, entry):
+            return False
+        try:
+            await self._bounded(self._read(conn, 1), REPLY_CAP)
+        except Exception:  # noqa: BLE001 - written behind the try: the server runs it anyway
+            await conn.disconnect(nowait=True)
+        return True
 
     async def _connect(self, take: Any, give: Any, deadline: float) -> Any:
         """A connection of one master's pool, connected (at most ``REPLY_CAP``)."""

@@ -48,6 +48,7 @@ from redis.commands.core import Script
 from .._core.settings import settings
 from .clients import renewer
 from .direct import closed_idle, disconnect_quietly, pair_sender, sender, taker, unbounded
+from .failpoints import FailPoints
 from .scripts import locate, script_names, script_source
 
 __all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "located", "demoted"]
@@ -84,6 +85,8 @@ class Executor:
         self._reset_seen: weakref.WeakSet[Any] = weakref.WeakSet()
         #: scripts loaded before their first run with ``acks`` (see ``run``)
         self._preloaded: Set[str] = set()
+        #: the tests' seam (``_redis.failpoints``): None unless a test installs one
+        self.failpoints: Optional[FailPoints] = None
 
     def run(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...],
             acks: Optional[Tuple[int, int]] = None) -> Any:
@@ -102,6 +105,9 @@ class Executor:
         except IndexError:
             self._gate_wait()
         try:
+            failpoints = self.failpoints
+            if failpoints is not None:
+                return self._failing(failpoints, name, script, keys, args, acks)
             if acks is None:
                 return self._send(name, script, keys, args)
             if name not in self._preloaded:
@@ -118,6 +124,18 @@ class Executor:
             if self._gate_waiting:
                 with self._gate_cond:
                     self._gate_cond.notify()
+
+    def _failing(self, failpoints: FailPoints, name: str, script: Any, keys: Tuple[str, ...],
+                 args: Tuple[Any, ...], acks: Optional[Tuple[int, int]]) -> Any:
+        """``run``'s send, through a test's failpoints (``_redis.failpoints``)."""
+        def send() -> Any:
+            if acks is None:
+                return self._send(name, script, keys, args)
+            if name not in self._preloaded:
+                self.client.script_load(script.script)
+                self._preloaded.add(name)
+            return self._send(name, script, keys, args, ("WAIT", *acks))
+        return failpoints.around(name, keys, args, send)
 
     def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
               then: Optional[Tuple[Any, ...]] = None) -> Any:

@@ -118,6 +118,11 @@ class QuorumExecutor(FanOut, Executor):
     # the blocking ``fanout``; the asyncio port (``aport_quorum``) drives the same plan with
     # its own, so the quorum's rules have one copy.
 
+    def _failing(self, failpoints: Any, name: str, script: Any, keys: Tuple[str, ...],
+                 args: Tuple[Any, ...], acks: Optional[Tuple[int, int]]) -> Any:
+        """A test's failpoints apply per master, in the fan-outs (``fanout_quorum``)."""
+        return self._send(name, script, keys, args, None if acks is None else ("WAIT", *acks))
+
     def _send(self, name: str, script: Any, keys: Tuple[str, ...], args: Tuple[Any, ...],
               tail: Optional[Tuple[Any, ...]] = None) -> Any:
         if tail is not None:

@@ -32,8 +32,9 @@ from .._core.quorum import REPLY_CAP, parse_info
 from .clients import renewer
 from .direct import packer, taker
 from .executor import NOSCRIPT_TRIES
+from .failpoints import BEFORE, LATE, FailPoints, injected
 
-__all__ = ["Master", "FanOut", "Entry", "Plan", "T", "merge", "DOWN_PAUSE"]
+__all__ = ["Master", "FanOut", "Entry", "Plan", "T", "merge", "unsent", "late", "DOWN_PAUSE"]
 
 #: How long (seconds) a master that could not be reached (no connection) is left out of the
 #: fan-outs before it is tried again: a host that is down costs one connect timeout per pause,
@@ -92,6 +93,8 @@ class FanOut:
 
     masters: List[Master]
     scripts: Dict[str, Script]
+    #: the tests' seam (``_redis.failpoints``): it fails a fan-out's script per master
+    failpoints: Optional[FailPoints]
 
     def fanout(self, jobs: Dict[int, List[Entry]], deadline: float,
                undo: Optional[Entry] = None) -> Dict[int, Any]:
@@ -105,7 +108,9 @@ class FanOut:
         connection is given up: a server runs one connection's commands in order, so however
         late the master runs the try, the undo runs after it (a new connection could overtake
         it). Its ``TimeoutError`` then has ``undone`` set."""
-        out = self._round(jobs, deadline, undo)
+        failpoints = self.failpoints
+        faults = failpoints.fanout(jobs)[1] if failpoints is not None else None
+        out = self._round(jobs, deadline, undo, faults)
         for _ in range(NOSCRIPT_TRIES):
             again, where = self.reloads(jobs, out)
             if not again:
@@ -189,7 +194,7 @@ class FanOut:
     # --- the blocking fan-out -----------------------------------------------------------------
 
     def _round(self, jobs: Dict[int, List[Entry]], deadline: float,
-               undo: Optional[Entry] = None) -> Dict[int, Any]:
+               undo: Optional[Entry] = None, faults: Optional[Dict[int, str]] = None) -> Dict[int, Any]:
         out: Dict[int, Any] = {}
         sent: List[Tuple[Master, Any, List[Tuple[str, str]], int]] = []
         for i, entries in jobs.items():
@@ -197,6 +202,9 @@ class FanOut:
             skip = self.skipped(master)
             if not entries or skip is not None:
                 out[i] = skip if skip is not None else []
+                continue
+            if faults and faults.get(i) == BEFORE:
+                out[i] = unsent(injected(BEFORE))
                 continue
             try:
                 conn = master.take()
@@ -228,11 +236,28 @@ class FanOut:
                     raise
                 out[master.index] = exc
                 continue
+            fault = faults.get(master.index) if faults else None
+            undone = False
+            if fault == LATE and undo is not None:  # what a real late reply leaves: the undo ran after it
+                undone = self._undo_now(master, conn, undo, deadline)
             master.give_back(conn)
             out[master.index], known = self.absorb(master, prefix, replies)
             if known:
                 conn._distlock_sock = conn._sock
+            if fault is not None:  # it ran; its reply is dropped (see ``_redis.failpoints``)
+                out[master.index] = late(injected(fault), undone)
         return out
+
+    def _undo_now(self, master: Master, conn: Any, entry: Entry, deadline: float) -> bool:
+        """A failpoint's late reply: write ``entry`` behind the try, as ``_send_behind`` does,
+        and read its reply (so that it ran before the error is reported)."""
+        if not self._send_behind(master, conn, entry):
+            return False
+        try:
+            self._read(conn, 1, max(deadline, time.monotonic() + REPLY_CAP))
+        except Exception:  # noqa: BLE001 - written behind the try: the server runs it anyway
+            conn.disconnect()
+        return True
 
     def _send_behind(self, master: Master, conn: Any, entry: Entry) -> bool:
         """Write ``entry`` behind what ``conn`` was sent, not reading its reply; True when it
@@ -268,6 +293,19 @@ class FanOut:
                     request = plan.send(out)
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
+
+
+def unsent(exc: BaseException) -> BaseException:
+    """``exc``, marked: nothing was sent (the entries did not run)."""
+    exc.unsent = True  # type: ignore[attr-defined]
+    return exc
+
+
+def late(exc: BaseException, undone: bool) -> BaseException:
+    """``exc``, marked with whether the undo was written behind the try (``fanout``)."""
+    if undone:
+        exc.undone = True  # type: ignore[attr-defined]
+    return exc
 
 
 def merge(out: Dict[int, Any], where: Dict[int, List[int]], again: Dict[int, Any]) -> None:

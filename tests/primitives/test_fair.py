@@ -25,7 +25,7 @@ from _support import until as support_until
 import distlock
 import distlock.asyncio as adistlock
 from distlock._primitives.fair import entry_lease_ms
-from distlock._primitives.lock_base import session_of
+from distlock._primitives.lock_reach import session_of
 from distlock._session.session import reset_sessions
 
 pytestmark = pytest.mark.real_redis

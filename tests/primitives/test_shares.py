@@ -26,7 +26,7 @@ import distlock
 import distlock.asyncio as adistlock
 from distlock._core.settings import reset_settings
 from distlock._core.shares import COMEBACK, MOST, NUDGE_AFTER, TURNS, Runs, quantum
-from distlock._primitives.lock_base import session_of
+from distlock._primitives.lock_reach import session_of
 from distlock._redis.pubsub import wake_count, yield_turns
 
 
