@@ -146,7 +146,11 @@ class _ThreadOwned(_LockBase):
         yield from self._release(hold, session, 1)
 
     def _is_owned(self) -> bool:
-        return self.owned()
+        """``threading``'s sense: this thread acquired and has not released. A hold whose
+        lease ran out is still this thread's to release (its release raises LockLostError),
+        unlike one found lost by the server; ``owned()`` is the belief rule's answer."""
+        hold = self._current(self._session())
+        return hold is not None and (not hold.lost or hold.ran_out)
 
     def _recursion_count(self) -> int:
         hold = self._current(self._session())

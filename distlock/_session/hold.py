@@ -39,7 +39,7 @@ class Hold:
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
         "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
-        "pending", "acks", "suspended",
+        "pending", "acks", "suspended", "ran_out",
         "__weakref__",
     )
 
@@ -85,6 +85,9 @@ class Hold:
         #: the connection to the hold's server was reset (a restart, a failover, a dropped
         #: link) and no renewal has confirmed the hold since: it is not believed meanwhile
         self.suspended = False
+        #: its local deadline passed before anything else ended it (``lost`` is set too): the
+        #: thread still holds it in ``threading``'s sense until it releases (``_is_owned``)
+        self.ran_out = False
 
     def believed(self) -> bool:
         """True while the holder may believe it holds: not lost, not suspended, and before its

@@ -287,6 +287,7 @@ class Watchdog:
                 cause = "its lease ran out unrenewed"
             else:
                 cause = f"its lease of {hold.lease_ms / 1000.0:g} s ran out"
+            hold.ran_out = True
             self._on_lost(hold, cause)
 
     def _hand_off_chores(self) -> None:
