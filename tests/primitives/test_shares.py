@@ -365,7 +365,7 @@ _EXITING_IN_A_QUANTUM = textwrap.dedent("""
     import distlock
     from distlock._core import shares
     from distlock._primitives import lock_base
-    from distlock._primitives.lock_base import session_of
+    from distlock._primitives.lock_reach import session_of
     # no nudge comes due while the process lives: only its exit can send one
     shares.NUDGE_AFTER = lock_base.NUDGE_AFTER = 600.0
     distlock.configure(lease=600.0)  # the waiter's bound is its wait cap, not this lease
