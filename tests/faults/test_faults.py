@@ -482,7 +482,9 @@ def test_5_watchdog_reports_a_lease_lost_in_a_blackhole(client: Any, proxy: Faul
 @pytest.mark.cluster_too
 @pytest.mark.parametrize("kind", KINDS)
 def test_6_script_flush_mid_run(client: Any, kind: str) -> None:
-    distlock.configure(**FAST)
+    # What is tested is that renewals and grants reload their scripts, not how fast: a lease of
+    # 4 s (renewed every 0.5 s) keeps a loaded machine's late renewal from looking like a loss.
+    distlock.configure(lease=4.0, renew_interval=0.5)
     name = f"s6-{kind}"
     kept = make(kind, f"{name}-kept", client)
     assert kept.acquire(blocking=False)
@@ -515,7 +517,7 @@ def test_6_script_flush_mid_run(client: Any, kind: str) -> None:
         for worker in workers:
             worker.finish(120)
             assert worker.error is None, repr(worker.error)
-        time.sleep(FAST["lease"] * 1.5)  # renewals across flushes
+        time.sleep(2.0)  # renewals (four or so) across flushes
     finally:
         stop.set()
         flush.finish(30)
@@ -790,20 +792,27 @@ needs_condition = pytest.mark.skipif(not hasattr(distlock, "DistCondition"),
                                      reason="DistCondition is not in this tree yet")
 
 
-def _cond_waiter(client: Any, name: str, timeout: float) -> Callable[[], Any]:
-    """wait(timeout) under the lock; returns (wait's result or "ConnectionError", whether the
-    lock was held afterwards). A wait that raises may leave the lock not held: it could not be
-    taken back from a server that was down."""
+def _cond_waiter(client: Any, name: str, timeout: float,
+                 holding: threading.Semaphore) -> Callable[[], Any]:
+    """wait(timeout) under the lock; returns (wait's result or "ConnectionError", whether
+    the lock was held afterwards). ``holding`` is released once the
+    lock is taken, just before wait(). A wait that raises may leave the lock not held: it could
+    not be taken back from a server that was down, and the release of a lock that was taken
+    back may meet a connection the restart closed."""
     def wait() -> Any:
         cond = distlock.DistCondition(name, client=client)  # type: ignore[attr-defined]
         cond.acquire()
+        holding.release()
         try:
             result: Any = cond.wait(timeout=timeout)
         except redis.exceptions.ConnectionError:
             result = "ConnectionError"
         owned = cond._is_owned()
         if owned:
-            cond.release()
+            try:
+                cond.release()
+            except redis.exceptions.ConnectionError:
+                result = "ConnectionError"
         return result, owned
     return wait
 
@@ -819,10 +828,14 @@ def test_condition_waiters_survive_restart_and_pubsub_kill(backend: Any, url: st
     distlock.configure(wait_cap=0.5, **FAST)
     name = f"sc-{fault}"
     timeout = 8.0 if fault == "restart" else 30.0
-    waiters = [start(_cond_waiter(client, name, timeout), f"cond-waiter-{i}") for i in range(3)]
+    holding = threading.Semaphore(0)
+    waiters = [start(_cond_waiter(client, name, timeout, holding), f"cond-waiter-{i}")
+               for i in range(3)]
     session = session_for(client)
+    for _ in waiters:  # each took the lock (and so the ones before it are waiting)
+        assert holding.acquire(timeout=30)
     assert faults.wait_until(lambda: len(session.subscribed_channels()) >= 1, 10)
-    time.sleep(0.5)  # every waiter has joined the queue
+    time.sleep(0.5)  # the last has joined the queue too
     if fault == "restart":
         faults.restart_server(backend)
     else:
