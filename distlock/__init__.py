@@ -1,6 +1,13 @@
 """distlock: ``threading``'s synchronization primitives across processes and hosts, on Redis."""
 
-from ._core.errors import DistLockError, LockLostError, LockNotOwnedError, NotEnoughReplicasError, QuorumError
+from ._core.errors import (
+    DistLockError,
+    LockLostError,
+    LockNotOwnedError,
+    NotEnoughReplicasError,
+    QuorumError,
+    WrongKindError,
+)
 from ._core.settings import Settings
 from ._primitives.barrier import DistBarrier
 from ._primitives.condition import DistCondition
@@ -30,6 +37,7 @@ __all__ = [
     "LockLostError",
     "NotEnoughReplicasError",
     "QuorumError",
+    "WrongKindError",
 ]
 
 __version__ = "0.1.0"

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-__all__ = ["DistLockError", "LockNotOwnedError", "LockLostError", "NotEnoughReplicasError", "QuorumError"]
+from .keys import unescape_name
+
+__all__ = ["DistLockError", "LockNotOwnedError", "LockLostError", "NotEnoughReplicasError", "QuorumError",
+           "WrongKindError", "wrong_kind", "WRONG_KIND"]
 
 
 class DistLockError(Exception):
@@ -99,3 +102,53 @@ class QuorumError(DistLockError):
 def _rebuild_quorum(cls: Any, message: str, answered: int, required: int) -> Any:
     """Unpickle a QuorumError with its keyword-only data."""
     return cls(message, answered=answered, required=required)
+
+
+class WrongKindError(DistLockError, TypeError):
+    """A name is one lock: it is in use as another kind of primitive, whose meaning cannot be
+    shared with this one (a semaphore's, an event's, a barrier's, a lock's). Nothing was
+    written. ``name`` is the name, ``kind`` what it is in use as, ``this`` what the refused
+    call is; all survive pickling. A subclass of :class:`TypeError`: the same name given to
+    two kinds is a type mistake in the calling code, not a state to wait out. See
+    docs/guides/kinds.rst.
+    """
+
+    def __init__(self, message: str = "", *, name: str = "", kind: str = "", this: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+        self.kind = kind
+        self.this = this
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_rebuild_kind, (type(self), str(self), self.name, self.kind, self.this))
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self)!r}, name={self.name!r}, kind={self.kind!r}, "
+                f"this={self.this!r})")
+
+
+def _rebuild_kind(cls: Any, message: str, name: str, kind: str, this: str) -> Any:
+    """Unpickle a WrongKindError with its keyword-only data."""
+    return cls(message, name=name, kind=kind, this=this)
+
+
+#: How a script refuses a name of another kind: an error reply ``<WRONG_KIND> <found> <this>``
+#: (``wrong_kind`` in lua/_prelude.lua), one letter each.
+WRONG_KIND = "DISTLOCK_WRONGKIND"
+
+#: the kinds' letters, as the scripts name them, and what a person reads
+KIND_NAMES = {"L": "DistLock (or DistRLock, DistCondition)", "W": "DistReadWriteLock",
+              "S": "DistSemaphore", "E": "DistEvent", "B": "DistBarrier"}
+
+
+def wrong_kind(exc: BaseException, key: str) -> Optional[WrongKindError]:
+    """The WrongKindError that ``exc``, a script's error reply, stands for (``key``: one of the
+    script's keys, which names the name), or None when it is another error."""
+    words = str(exc).split()
+    if len(words) != 3 or words[0] != WRONG_KIND:
+        return None
+    start, end = key.find("{"), key.find("}")
+    name = unescape_name(key[start + 1:end]) if 0 <= start < end else key
+    kind, this = KIND_NAMES.get(words[1], words[1]), KIND_NAMES.get(words[2], words[2])
+    return WrongKindError(f"{name!r} is a {kind} here; this is a {this}", name=name,
+                          kind=kind, this=this)

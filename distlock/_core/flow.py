@@ -30,6 +30,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional, Protocol, Tuple, TypeVar, Union
 
+from .errors import WRONG_KIND, wrong_kind
+
 __all__ = ["Flow", "Port", "APort", "Op", "Run", "Read", "Join", "Sleep", "Leave", "Slot",
            "drive", "adrive", "start", "Started", "Query"]
 
@@ -183,6 +185,14 @@ class Slot(Op):
 Flow = Generator[Op, Any, T]
 
 
+def _refused(exc: BaseException, op: Op) -> BaseException:
+    """``exc``, or the WrongKindError that a script's refusal (a name of another kind) stands
+    for: the flow gets the error its caller will see."""
+    if isinstance(op, Run) and op.keys and str(exc).startswith(WRONG_KIND):
+        return wrong_kind(exc, op.keys[0]) or exc
+    return exc
+
+
 def drive(flow: Flow[T], port: Port) -> T:
     """Run ``flow`` to its end on a blocking ``port``; return its result or raise its error."""
     try:
@@ -191,7 +201,7 @@ def drive(flow: Flow[T], port: Port) -> T:
             try:
                 reply = op.to(port)
             except BaseException as exc:  # noqa: BLE001 - the flow decides what it means
-                op = flow.throw(exc)
+                op = flow.throw(_refused(exc, op))
             else:
                 op = flow.send(reply)
     except StopIteration as stop:
@@ -211,7 +221,7 @@ async def adrive(flow: Flow[T], port: APort, op: Optional[Op] = None) -> T:
             try:
                 reply = await op.to(port)
             except BaseException as exc:  # noqa: BLE001 - a cancellation included: see above
-                op = flow.throw(exc)
+                op = flow.throw(_refused(exc, op))
             else:
                 if cancelling is not None and cancelling() > asked:
                     # Cancelled during the op, but the cancellation was swallowed on its way

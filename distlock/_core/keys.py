@@ -25,6 +25,23 @@ def unescape_name(escaped: str) -> str:
     return escaped.replace("%7D", "}").replace("%7B", "{").replace("%25", "%")
 
 
+#: The keys that give a name its kind (docs/guides/kinds.rst), as suffixes of the name's tag,
+#: by kind: L a lock (DistLock, DistRLock, DistCondition: its hash, its registry of waiting
+#: processes, its fair queue), W a read/write lock, S a semaphore, E an event, B a barrier.
+KIND_KEYS = {"L": ("", ":q", ":fd"), "W": (":rw:w", ":rw:r", ":rw:q"), "S": (":sem", ":sem:q"),
+             "E": (":ev", ":ev:w", ":ev:t"), "B": (":bar", ":bar:w")}
+
+#: The kinds that may not share a name with each kind, in the order its scripts take their
+#: keys (``wrong_kind`` in lua/_prelude.lua, whose ``COUNT`` is ``KIND_KEYS``' lengths).
+OTHER_KINDS = {"L": "SEB", "W": "SEB", "S": "LWEB", "E": "LWSB", "B": "LWSE"}
+
+
+def other_kinds(tag: str, kind: str) -> Tuple[str, ...]:
+    """The keys of the name of ``tag`` that tell whether it is in use as a kind that ``kind``
+    may not share it with: the last KEYS of each script that gives a name its kind."""
+    return tuple(tag + suffix for other in OTHER_KINDS[kind] for suffix in KIND_KEYS[other])
+
+
 class Keys:
     """Key and channel names of one primitive.
 
@@ -36,7 +53,7 @@ class Keys:
     they are on every round trip.
     """
 
-    __slots__ = ("prefix", "name", "tag", "lock", "fence", "channel", "queue")
+    __slots__ = ("prefix", "name", "tag", "lock", "fence", "channel", "queue", "others")
 
     def __init__(self, prefix: str, name: str) -> None:
         self.prefix = prefix
@@ -51,6 +68,8 @@ class Keys:
         self.channel = self.tag + ":wake"
         #: sorted set: the wake-up channels of processes waiting for an exclusive lock
         self.queue = self.tag + ":q"
+        #: the keys of the kinds a lock may not share its name with (``other_kinds``)
+        self.others = other_kinds(self.tag, "L")
 
     def waiter_channel(self, session_id: str) -> str:
         """The wake-up channel of one process (session) waiting for an exclusive lock."""
@@ -139,22 +158,23 @@ class SemKeys:
     handed: str
     queue: str
     channel: str
+    others: Tuple[str, ...]
 
     @classmethod
     def of(cls, prefix: str, name: str) -> SemKeys:
         keys = Keys(prefix, name)
         return cls(sem=keys.sub("sem"), handed=keys.sub("sem:x"), queue=keys.sub("sem:q"),
-                   channel=keys.sub("sem:wake"))
+                   channel=keys.sub("sem:wake"), others=other_kinds(keys.tag, "S"))
 
     @property
-    def acquire(self) -> Tuple[str, str, str]:
+    def acquire(self) -> Tuple[str, ...]:
         """KEYS of ``sem_acquire``."""
-        return (self.sem, self.queue, self.channel)
+        return (self.sem, self.queue, self.channel, *self.others)
 
     @property
-    def release(self) -> Tuple[str, str, str, str]:
+    def release(self) -> Tuple[str, ...]:
         """KEYS of ``sem_release``."""
-        return (self.sem, self.handed, self.queue, self.channel)
+        return (self.sem, self.handed, self.queue, self.channel, *self.others)
 
     @property
     def renew(self) -> Tuple[str, str]:
@@ -183,12 +203,13 @@ class EventKeys:
     waiters: str
     channel: str
     taken: str
+    others: Tuple[str, ...]
 
     @classmethod
     def of(cls, prefix: str, name: str) -> EventKeys:
         keys = Keys(prefix, name)
         return cls(flag=keys.sub("ev"), waiters=keys.sub("ev:w"), channel=keys.sub("ev:wake"),
-                   taken=keys.sub("ev:t"))
+                   taken=keys.sub("ev:t"), others=other_kinds(keys.tag, "E"))
 
 
 @dataclass(frozen=True)
@@ -221,12 +242,13 @@ class BarrierKeys:
     waiters: str
     broken: str
     channel: str
+    others: Tuple[str, ...]
 
     @classmethod
     def of(cls, prefix: str, name: str) -> BarrierKeys:
         keys = Keys(prefix, name)
         return cls(state=keys.sub("bar"), waiters=keys.sub("bar:w"), broken=keys.sub("bar:x"),
-                   channel=keys.sub("bar:wake"))
+                   channel=keys.sub("bar:wake"), others=other_kinds(keys.tag, "B"))
 
     @property
     def all(self) -> Tuple[str, str, str, str]:
@@ -242,7 +264,7 @@ class FairKeys:
     ``fair_*`` scripts take them: hash, fence, ``fq`` (order), ``fd`` (deadlines), ``fe``
     (entries), and the plain lock's registry of waiting processes."""
 
-    __slots__ = ("order", "deadlines", "entries", "all")
+    __slots__ = ("order", "deadlines", "entries", "all", "acquire")
 
     def __init__(self, keys: Keys) -> None:
         #: sorted set: wait nonce -> arrival (server µs)
@@ -253,6 +275,9 @@ class FairKeys:
         self.entries = keys.sub("fe")
         self.all: Tuple[str, ...] = (keys.lock, keys.fence, self.order, self.deadlines,
                                      self.entries, keys.queue)
+        #: ``fair_acquire``'s: the same, then the keys of the kinds a lock may not share its
+        #: name with
+        self.acquire: Tuple[str, ...] = (*self.all, *keys.others)
 
 
 
@@ -287,6 +312,7 @@ class RWKeys:
     fence: str
     writer_channel: str
     reader_channel: str
+    others: Tuple[str, ...]
 
     @classmethod
     def of(cls, prefix: str, name: str) -> RWKeys:
@@ -298,6 +324,7 @@ class RWKeys:
             fence=keys.fence,
             writer_channel=keys.channel,
             reader_channel=keys.sub("rw:wake"),
+            others=other_kinds(keys.tag, "W"),
         )
 
     def all_keys(self) -> Tuple[str, ...]:

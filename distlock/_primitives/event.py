@@ -125,7 +125,7 @@ class DistEvent(SessionUser):
 
     def _set_flow(self) -> Flow[None]:
         keys = self._keys
-        yield Run("ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken), ())
+        yield Run("ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken, *keys.others), ())
         self._seen = True
 
     def _clear_flow(self) -> Flow[None]:
@@ -146,8 +146,10 @@ class DistEvent(SessionUser):
 
     def _call(self, wid: str, mode: str, ms: int, known: int) -> Flow[int]:
         keys = self._keys
-        args = (wid, mode, ms) if mode == "j" else (wid, mode, ms, known)
-        return int((yield Run("ev_wait", (keys.flag, keys.waiters, keys.taken), args)))
+        if mode == "j":  # a join gives the name its kind: the other kinds' keys go too
+            return int((yield Run("ev_wait", (keys.flag, keys.waiters, keys.taken, *keys.others),
+                                  (wid, mode, ms))))
+        return int((yield Run("ev_wait", (keys.flag, keys.waiters, keys.taken), (wid, mode, ms, known))))
 
     def _consume(self, session: Session, wid: str, ms: int, known: int) -> None:
         """Take our entry out of the set()'s ``taken`` set, so nothing is left behind. The hint

@@ -23,6 +23,7 @@ from typing import Any, Protocol, Tuple
 
 import redis
 
+from .._core.errors import WrongKindError
 from .._core.flow import Flow, Run
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import RENEWED, Granted, Outcome, renewal
@@ -92,8 +93,8 @@ def fair_try(lock: FairLock, session: Session, owner: str, ms: int, count: int, 
     args = (owner, ms, s.fence_retention_ms, session.info, nonce, count,
             lock._keys.waiter_channel(session.id), entry_lease_ms(s.wait_cap), mode)
     try:
-        return int((yield Run("fair_acquire", lock._fair_keys.all, args)))
-    except redis.ResponseError:
+        return int((yield Run("fair_acquire", lock._fair_keys.acquire, args)))
+    except (redis.ResponseError, WrongKindError):
         raise  # the script did not run, or failed: nothing was granted
     except BaseException:
         try:

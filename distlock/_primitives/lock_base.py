@@ -15,7 +15,7 @@ import redis
 
 from .._core.checks import check_acquire_args, check_lease, check_name, check_try_lock_timeout
 from .._core.deadlines import lease_ms, registry_lease_ms
-from .._core.errors import LockLostError, QuorumError
+from .._core.errors import LockLostError, QuorumError, WrongKindError
 from .._core.flow import Flow, Read, Run, drive
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import LOST
@@ -84,7 +84,7 @@ class _LockBase(SessionUser):
         #: Redlock quorum's masters could keep the lock for different processes)
         self._shares = not self._fair and not self._quorum
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
-                              self._fair_keys.deadlines)
+                              self._fair_keys.deadlines, *self._keys.others)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
         #: gives a whole hold back (at interpreter exit; see ``Session.release_all``): made
         #: once, not per grant
@@ -210,7 +210,7 @@ class _LockBase(SessionUser):
             if acks is None:
                 return int((yield Run("lock_acquire", keys, args)))
             reply, acked = yield Run("lock_acquire", keys, args, acks)
-        except (redis.ResponseError, QuorumError):
+        except (redis.ResponseError, QuorumError, WrongKindError):
             raise  # the script did not run, or failed, or (Redlock) was undone: nothing was granted
         except BaseException:
             if fresh:
@@ -333,7 +333,7 @@ class _LockBase(SessionUser):
                                 name=self._name, token=held.token)
         try:
             reply = yield from self._call_acquire(session, held.owner, ms, count, str(held.token))
-        except (redis.ResponseError, QuorumError):
+        except (redis.ResponseError, QuorumError, WrongKindError):
             raise  # it did not run, or failed, or (Redlock) was undone: nothing was added
         except BaseException:
             yield from self._undo_lost_reentry(held, count)  # its reply was lost: lost.py

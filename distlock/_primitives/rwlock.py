@@ -30,6 +30,7 @@ import redis
 
 from .._core.checks import check_lease, check_name
 from .._core.deadlines import lease_ms
+from .._core.errors import WrongKindError
 from .._core.flow import Flow, Read, Run
 from .._core.keys import RWKeys
 from .._core.outcomes import Granted, Outcome
@@ -132,7 +133,7 @@ class _RWSide(_ThreadOwned):
         try:
             return (yield from self._call_acquire(session, owner, ms, count, "",
                                                   queue_ms=self._queue_ms() if waits else 0))
-        except redis.ResponseError:
+        except (redis.ResponseError, WrongKindError):
             raise
         except BaseException:
             if waits:  # a writer's first try may have queued it: leave the queue
@@ -250,14 +251,14 @@ class DistReadLock(_RWSide):
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
                       queued: bool = False) -> Flow[int]:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
-        keys = (rw.writer, rw.readers, rw.queue, rw.fence)
+        keys = (rw.writer, rw.readers, rw.queue, rw.fence, *rw.others)
         args = (owner, ms, ms + settings().fence_retention_ms, reentry_token, session.info)
         acks = None if reentry_token else self._acks()  # a re-entry is no grant
         try:
             if acks is None:
                 return int((yield Run("rw_read_acquire", keys, args)))
             reply, acked = yield Run("rw_read_acquire", keys, args, acks)
-        except redis.ResponseError:
+        except (redis.ResponseError, WrongKindError):
             raise
         except BaseException:
             if not reentry_token:
@@ -373,9 +374,7 @@ class DistWriteLock(_RWSide):
                       queued: bool = False) -> Flow[int]:
         rw = self._rw
         mode = write_acquire_mode(reentry_token, queue_ms, queued)
-        keys: Tuple[str, ...] = (rw.writer, rw.readers, rw.queue, rw.fence)
-        if mode == "x":
-            keys += (rw.reader_channel,)
+        keys = (rw.writer, rw.readers, rw.queue, rw.fence, rw.reader_channel, *rw.others)
         args = write_acquire_args(owner, ms, ms + settings().fence_retention_ms, session.info,
                                   mode, queue_ms, count)
         acks = None if reentry_token else self._acks()  # a re-entry is no grant
@@ -383,7 +382,7 @@ class DistWriteLock(_RWSide):
             if acks is None:
                 return int((yield Run("rw_write_acquire", keys, args)))
             reply, acked = yield Run("rw_write_acquire", keys, args, acks)
-        except redis.ResponseError:
+        except (redis.ResponseError, WrongKindError):
             raise
         except BaseException:
             if not reentry_token:

@@ -30,7 +30,7 @@ import redis
 
 from .._core.checks import check_lease, check_name, wait_seconds
 from .._core.deadlines import entry_ms, lease_ms
-from .._core.errors import LockLostError
+from .._core.errors import LockLostError, WrongKindError
 from .._core.flow import Flow, Read, Run
 from .._core.keys import SemKeys
 from .._core.outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, Granted, Outcome, renewal
@@ -360,7 +360,7 @@ class DistSemaphore(SessionUser):
                     reply = yield Run("sem_acquire", keys.acquire, args)
                 else:
                     reply, acked = yield Run("sem_acquire", keys.acquire, args, acks)
-            except redis.ResponseError:
+            except (redis.ResponseError, WrongKindError):
                 raise  # the script did not run, or failed: nothing was granted
             except BaseException:
                 yield from self._undo_lost_grant(pid)

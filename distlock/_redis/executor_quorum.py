@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
-from .._core.errors import QuorumError
+from .._core.errors import WRONG_KIND, QuorumError
 from .._core.quorum import (
     REPLY_CAP,
     busy_reply,
@@ -163,14 +163,16 @@ class QuorumExecutor(FanOut, Executor):
         info = f"{host}#{self._nonce}{next(self._tries):x}:{pid}"
         entry = ("lock_acquire", keys, (args[0], args[1], args[2], info, *args[4:]))
         sent = time.monotonic()
-        undo_entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
+        # lock_acquire's keys: the hash, the fence, the registry of waiting processes, ...
+        undone = (keys[0], keys[2])
+        undo_entry = ("lock_undo", undone, (owner, info))
         try:
             out = yield ({i: [entry] for i in voters}, sent + reply_bound(lease, drift_), undo_entry)
         except BaseException:
             # interrupted (KeyboardInterrupt, a cancelled task) with replies unread: undo the
             # try everywhere
             try:
-                yield from self._undo(keys, owner, info, voters)
+                yield from self._undo(undone, owner, info, voters)
             except Exception:  # noqa: BLE001 - what cannot be undone ends with its lease
                 pass
             raise
@@ -194,7 +196,7 @@ class QuorumExecutor(FanOut, Executor):
         if grants >= self.required and valid > 0:
             tokens = {i: int(r) for i, r in replies.items()
                       if not isinstance(r, BaseException) and int(r) > 0}
-            doubtful = (yield from self._undo(keys, owner, info, undo)) if undo else []
+            doubtful = (yield from self._undo(undone, owner, info, undo)) if undo else []
             token = max(tokens.values())
             part = _Part(token, tokens, info, sent + lease - drift_, valid)
             part.doubtful = doubtful
@@ -202,17 +204,21 @@ class QuorumExecutor(FanOut, Executor):
             return token
         undo += [i for i, r in replies.items() if not isinstance(r, BaseException) and int(r) > 0]
         if undo:
-            yield from self._undo(keys, owner, info, undo)
+            yield from self._undo(undone, owner, info, undo)
+        refusals = [r for r in replies.values() if isinstance(r, redis.exceptions.ResponseError)
+                    and str(r).startswith(WRONG_KIND)]
+        if len(refusals) >= self.required:
+            raise refusals[0]  # the name is another kind on a majority (a name is one lock)
         if answered < self.required:
             raise self._quorum_error(answered)
         return busy_reply(replies.values())
 
-    def _undo(self, keys: Tuple[str, ...], owner: str, info: str, masters: List[int]) -> Plan[List[int]]:
-        """Send ``lock_undo`` for one try to ``masters`` (``keys``: the lock's hash first, its
-        registry last); return those where it may not have run (no reply). Such a master keeps
+    def _undo(self, keys: Tuple[str, str], owner: str, info: str, masters: List[int]) -> Plan[List[int]]:
+        """Send ``lock_undo`` for one try to ``masters`` (``keys``: the lock's hash and its
+        registry of waiting processes); return those where it may not have run (no reply). Such a master keeps
         the try's hold until its lease ends (the try did not count there). Safe to repeat: it
         ends only that try's hold."""
-        entry = ("lock_undo", (keys[0], keys[-1]), (owner, info))
+        entry = ("lock_undo", keys, (owner, info))
         out = yield ({i: [entry] for i in masters}, time.monotonic() + REPLY_CAP, entry)
         return [i for i, got in out.items() if isinstance(got, BaseException)
                 and not getattr(got, "undone", False) and not getattr(got, "unsent", False)]
@@ -286,7 +292,7 @@ class QuorumExecutor(FanOut, Executor):
         if left <= 0:
             self._drop(keys[0], owner, part)
             if part.doubtful:  # masters where the grant's try may still be, not undone yet
-                yield from self._undo(keys, owner, part.info, part.doubtful)
+                yield from self._undo((keys[0], keys[1]), owner, part.info, part.doubtful)
         return left
 
     def _everywhere(self, name: str, keys: Tuple[str, ...], args: Tuple[Any, ...]) -> Plan[Any]:

@@ -7,7 +7,7 @@ once and return an awaitable (``lock.release()``), queries return an awaitable
 (``await lock.locked()``). See docs/guides/asyncio.rst.
 """
 
-from .._core.errors import NotEnoughReplicasError
+from .._core.errors import NotEnoughReplicasError, WrongKindError
 from ._barrier import BrokenBarrierError, DistBarrier
 from ._condition import DistCondition
 from ._event import DistEvent
@@ -17,4 +17,4 @@ from ._semaphore import DistBoundedSemaphore, DistSemaphore
 
 __all__ = ["DistLock", "DistRLock", "DistReadWriteLock", "DistCondition", "DistSemaphore",
            "DistBoundedSemaphore", "DistEvent", "DistBarrier", "BrokenBarrierError",
-           "NotEnoughReplicasError"]
+           "NotEnoughReplicasError", "WrongKindError"]

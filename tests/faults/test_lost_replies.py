@@ -14,8 +14,8 @@ import asyncio
 import uuid
 from typing import Any, Callable, Dict, Tuple
 
-import pytest
 import faults
+import pytest
 import redis
 from _aio import run_in_loop
 

@@ -237,3 +237,25 @@ def _status(url: str, name: str) -> Any:
     out = subprocess.run([sys.executable, "-m", "distlock", "status", name, "--json", "--url", url],
                          capture_output=True, text=True, timeout=60, check=True)
     return json.loads(out.stdout)
+
+
+@pytest.mark.real_redis
+def test_a_previous_release_does_not_check_kinds_and_this_one_refuses_what_it_made(
+        url: str, client: Any) -> None:
+    """A rolling upgrade and "a name is one lock" (docs/guides/kinds.rst): the previous
+    release's scripts look at their own kind's keys only, so a process still running it takes
+    a name that this release holds as a semaphore (both believe they have it, as before the
+    check existed); this release refuses a semaphore on the name while the previous release's
+    process holds it as a lock, and takes it once that hold is gone."""
+    acquire, release = _previous("lock_acquire"), _previous("lock_release")
+    keys = ("distlock:{kind-upgrade}", "distlock:{kind-upgrade}:fence", "distlock:{kind-upgrade}:q")
+    sem = distlock.DistSemaphore("kind-upgrade", 1, client=client)
+    assert sem.acquire(blocking=False)
+    old = int(client.eval(acquire, 3, *keys, "old:1", 30000, "h:1"))
+    assert old > 0  # the previous release sees no lock there: granted
+    sem.release()
+    with pytest.raises(distlock.WrongKindError):
+        sem.acquire(blocking=False)  # this release sees the previous one's lock
+    assert int(client.eval(release, 2, keys[0], keys[2], "old:1", old)) == 0
+    assert sem.acquire(blocking=False)
+    sem.release()

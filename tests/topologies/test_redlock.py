@@ -364,3 +364,29 @@ def test_configured_drift_shortens_the_hold(redlock: Any, redlock_clients: list)
     assert LEASE - 0.5 - took <= _part(lock).validity <= LEASE - 0.5
     assert hold.expires_at <= started + took + LEASE - 0.5
     lock.release()
+
+
+# --- a name is one lock (docs/guides/kinds.rst) ---------------------------------------------------
+
+def test_a_name_that_a_majority_of_masters_keeps_as_another_kind_is_refused(
+        redlock: Any, redlock_clients: list) -> None:
+    """Three of five masters have the name as a semaphore: a Redlock try is refused there, so
+    it raises WrongKindError (not QuorumError, not False); the grants it had on the other two
+    are undone. On a minority it is only a refusal among the votes: the grant goes ahead."""
+    name = _name("kind")
+    sems = [distlock.DistSemaphore(name, 1, client=redlock.admin(i)) for i in (0, 1, 2)]
+    for sem in sems:
+        assert sem.acquire(blocking=False)
+    try:
+        lock = DistLock(name, client=redlock_clients)
+        with pytest.raises(distlock.WrongKindError) as info:
+            lock.acquire(blocking=False)
+        assert info.value.name == name and info.value.kind == "DistSemaphore"
+        assert not lock.owned() and _holders(redlock, lock) == []
+        sems.pop().release()  # two of five now
+        assert lock.acquire(blocking=False)
+        assert _holders(redlock, lock) == [2, 3, 4]
+        lock.release()
+    finally:
+        for sem in sems:
+            sem.release()

@@ -166,3 +166,36 @@ local function free_hold(hash, queue, waited, how)
     redis.call('publish', first, 'y' .. tostring(redis.call('zcard', queue) + 2))
   end
 end
+
+--@ helper wrong_kind
+-- wrong_kind(this, others, first): nil when the name may be used as kind `this`; else the
+-- error reply that refuses it, 'DISTLOCK_WRONGKIND <found> <this>', sent before anything is
+-- written. A name is one lock (docs/guides/kinds.rst): it has a kind while it is held or
+-- waited on, or keeps state at rest (a set event, a broken barrier). `others` are the kinds
+-- that cannot share a name with `this`, one letter each: L a lock (DistLock, DistRLock,
+-- DistCondition), W a read/write lock, S a semaphore, E an event, B a barrier; KEYS[first]
+-- on are their keys, kind after kind, COUNT of each (distlock/_core/keys.py, other_kinds):
+-- the name's own, so in the same cluster slot. (The fence counter, every kind's, gives no
+-- kind.) One EXISTS answers the usual case; only a refusal looks which kind it is. A caller
+-- that sends no such keys (one from before the check) is not checked.
+local function wrong_kind(this, others, first)
+  if not KEYS[first] then
+    return nil
+  end
+  local COUNT = {L = 3, W = 3, S = 2, E = 3, B = 2}
+  local last = first - 1
+  for i = 1, #others do
+    last = last + COUNT[string.sub(others, i, i)]
+  end
+  if redis.call('exists', unpack(KEYS, first, last)) == 0 then
+    return nil
+  end
+  for i = 1, #others do
+    local kind = string.sub(others, i, i)
+    local n = COUNT[kind]
+    if redis.call('exists', unpack(KEYS, first, first + n - 1)) > 0 then
+      return redis.error_reply('DISTLOCK_WRONGKIND ' .. kind .. ' ' .. this)
+    end
+    first = first + n
+  end
+end

@@ -1,11 +1,18 @@
 -- reset() or abort() a barrier.
 -- KEYS[1..4]  state, waiters, broken generations, channel (see _bar.lua)
+-- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  'r' reset: the parties waiting now raise BrokenBarrierError, and the barrier is
 --          usable again (no longer broken); 'a' abort: break it, for good until reset()
 -- ARGV[2]  parties, as the caller's barrier was constructed (recorded if abort finds no state)
 -- ARGV[3]  how long a broken generation is remembered, ms
 -- return   1
---@ uses bar_next bar_break bar_settle
+--@ uses bar_next bar_break bar_settle wrong_kind
+if ARGV[1] == 'a' then
+  local wrong = wrong_kind('B', 'LWSE', 5)  -- a name is one lock
+  if wrong then
+    return wrong
+  end
+end
 local st = redis.call('hmget', KEYS[1], 'g', 'b', 'a', 'p')
 if ARGV[1] == 'a' then
   local g = st[1]

@@ -1,5 +1,6 @@
 -- A party arrives at the barrier.
 -- KEYS[1..4]  state, waiters, broken generations, channel (see _bar.lua)
+-- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  the party's id
 -- ARGV[2]  lease, ms (of its wait; of its action if it is the last party)
 -- ARGV[3]  parties, as the caller's barrier was constructed
@@ -13,7 +14,11 @@
 --          {-2, bound, 0} the previous generation's action still runs: try again (bound: ms
 --                         until its runner's lease ends);
 --          {-3, parties, 0} the barrier is in use with another number of parties.
---@ uses fmt outlive NOW bar_next bar_trip bar_reap bar_settle
+--@ uses fmt outlive NOW bar_next bar_trip bar_reap bar_settle wrong_kind
+local wrong = wrong_kind('B', 'LWSE', 5)  -- a name is one lock
+if wrong then
+  return wrong
+end
 local st = redis.call('hmget', KEYS[1], 'p', 'g', 'b', 'a', 'ad')
 local parties = tonumber(ARGV[3])
 if st[1] and tonumber(st[1]) ~= parties then

@@ -6,9 +6,15 @@
 -- KEYS[4]  taken: sorted set, waiter id -> entry deadline, the entries this set() took, until
 --          their waiters look; a waiter that finds its entry gone returns True only if it is
 --          here, so a restart that lost the data (which removes entries too) is not a set()
+-- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- return   1 when this call set the event; 0 when it was set already (nobody waits then).
 -- Entries whose deadline passed (a waiter that died) are left for the key's TTL: they are not
 -- woken, and their waiters, should they come back, know their entry ran out (ev_wait).
+--@ uses wrong_kind
+local wrong = wrong_kind('E', 'LWSB', 5)  -- a name is one lock
+if wrong then
+  return wrong
+end
 if redis.call('exists', KEYS[1]) == 1 then
   return 0
 end

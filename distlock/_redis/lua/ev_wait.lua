@@ -2,6 +2,7 @@
 -- KEYS[1]  flag: string '1', exists while the event is set
 -- KEYS[2]  waiters: sorted set, waiter id -> entry deadline (server ms)
 -- KEYS[3]  taken: sorted set, the entries a set() took and their waiters have not seen yet
+-- KEYS[4...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  waiter id
 -- ARGV[2]  'j' join; 'p' look (and refresh the entry); 'l' leave (the caller's timeout)
 -- ARGV[3]  entry lease, ms ('j', 'p')
@@ -14,6 +15,13 @@
 --          caller must join again;
 --          0 when it left ('l');
 --          the entry's deadline (server ms, > 0) after 'j' or 'p'.
+--@ uses wrong_kind
+if ARGV[2] == 'j' then
+  local wrong = wrong_kind('E', 'LWSB', 4)  -- a name is one lock
+  if wrong then
+    return wrong
+  end
+end
 if redis.call('exists', KEYS[1]) == 1 then
   if ARGV[2] ~= 'j' then
     redis.call('zrem', KEYS[2], ARGV[1])

@@ -8,6 +8,7 @@
 -- KEYS[6]  the plain lock's registry of waiting processes (see lock_acquire): a queued waiter
 --          registers its process there too, so that a release by any other path (a plain
 --          holder's lock_release, a condition's wait) wakes a process that settles the queue
+-- KEYS[7...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence retention, ms (a grant's fence TTL is its lease plus this)
@@ -21,7 +22,11 @@
 -- return   token (> 0) when the caller holds it: granted now, or handed to this wait before
 --          (its lease is then made the caller's full lease); -(pttl + 1) when refused (pttl:
 --          the holder's remaining lease, ms).
---@ uses fair_now fair_drop fair_hand_off next_token fmt held_reply register_waiter
+--@ uses fair_now fair_drop fair_hand_off next_token fmt held_reply register_waiter wrong_kind
+local wrong = wrong_kind('L', 'SEB', 7)  -- a name is one lock
+if wrong then
+  return wrong
+end
 local hand = redis.call('hmget', KEYS[1], ':n', ':t')
 if hand[1] == ARGV[5] then
   -- handed to this wait (the message was missed or is on its way): the caller is alive, so

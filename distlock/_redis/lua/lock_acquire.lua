@@ -9,6 +9,7 @@
 -- KEYS[3]  registry of waiting processes: sorted set, wake-up channel -> entry deadline (ms)
 -- KEYS[4]  optional: the fair queue's deadlines (see _fair.lua): a free lock with live fair
 --          waiters is theirs first, so a plain try is refused
+-- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -28,7 +29,7 @@
 --          (0 when unknown); the hold is then flagged so that its release wakes a waiter;
 --          0 in modes 'w'/'p', -2 otherwise, when the lock is free but fair waiters queue for
 --          it: the caller's wait goes on in the fair queue (mixed modes: docs/guides/locks.rst).
---@ uses next_token lengthen_hold held_reply register_waiter fmt now_ms
+--@ uses next_token lengthen_hold held_reply register_waiter fmt now_ms wrong_kind
 -- Numbers go to Redis as the strings they came in (ARGV) where they can: each conversion of a
 -- Lua number to a command argument, or of a string to a number, costs the server a formatting
 -- or parsing pass, a measurable share of an uncontended grant.
@@ -47,6 +48,10 @@ if mode ~= '' and mode ~= 'w' and mode ~= 'p' then
     lengthen_hold(KEYS[1], KEYS[2], pttl, lease, ARGV[3])
   end
   return tonumber(mode)
+end
+local wrong = wrong_kind('L', 'SEB', 5)  -- a name is one lock
+if wrong then
+  return wrong
 end
 -- One EXISTS answers the uncontended case: neither a hold nor anyone registered as waiting.
 -- Otherwise PTTL tells whether the lock is held (-2: no such key) and, if so, for how long.

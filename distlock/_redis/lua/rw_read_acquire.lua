@@ -3,6 +3,7 @@
 -- KEYS[2]  readers: sorted set, '<owner>#<token>@<host:pid>' -> lease deadline (server ms)
 -- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
 -- KEYS[4]  fence: last token granted for this name
+-- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -18,7 +19,7 @@
 --          writer's release will then wake the readers) or a writer is waiting (bound = ms
 --          until the earliest live queue entry runs out).
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
---@ uses next_token outlive_fence held_reply
+--@ uses next_token outlive_fence held_reply wrong_kind
 local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
 local info = (ARGV[5] and ARGV[5] ~= '') and ('@' .. ARGV[5]) or ''
 local t = redis.call('time')
@@ -45,6 +46,10 @@ if reentry ~= '' then
   return tonumber(reentry)
 end
 
+local wrong = wrong_kind('W', 'SEB', 5)  -- a name is one lock
+if wrong then
+  return wrong
+end
 if redis.call('exists', KEYS[1]) == 1 then
   if redis.call('hexists', KEYS[1], owner) == 0 then
     redis.call('hset', KEYS[1], ':r', 1)

@@ -5,7 +5,8 @@
 -- KEYS[2]  readers: sorted set, '<owner>#<token>' -> lease deadline (server ms)
 -- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
 -- KEYS[4]  fence: last token granted for this name
--- KEYS[5]  readers' wake-up channel (mode 'x' only)
+-- KEYS[5]  readers' wake-up channel (used in mode 'x' only)
+-- KEYS[6...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -22,7 +23,7 @@
 --          -(bound + 1) (<= -1) when refused: another writer holds it (bound = its PTTL) or
 --          readers do (bound = ms until the earliest live reader's lease runs out).
 -- A writer that leaves the queue as the last live waiting writer wakes the readers.
---@ uses next_token lengthen_hold held_reply
+--@ uses next_token lengthen_hold held_reply wrong_kind
 local owner, lease, mode, count = ARGV[1], tonumber(ARGV[2]), ARGV[5] or '', ARGV[7] or '1'
 if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
   local f = redis.call('hmget', KEYS[1], owner, ':t')
@@ -37,6 +38,10 @@ if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
   return tonumber(mode)
 end
 
+local wrong = wrong_kind('W', 'SEB', 6)  -- a name is one lock
+if wrong then
+  return wrong
+end
 local now = nil
 local function clock()
   if now == nil then

@@ -3,6 +3,7 @@
 -- KEYS[2]  queue: sorted set, waiter id -> entry deadline (server ms); releases publish a hint
 --          while it exists
 -- KEYS[3]  wake-up channel: '<n>' wakes up to n waiters per process
+-- KEYS[4...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  permit id (also the waiter's id in the queue)
 -- ARGV[2]  lease of the permit, ms
 -- ARGV[3]  the value the caller's semaphore was constructed with
@@ -15,7 +16,11 @@
 --          lease runs out (0 when none is held).
 -- Expired permits (a holder that died) are removed first; when that frees more than this try
 -- takes, the waiters are told.
---@ uses fmt sem_now sem_settle sem_counters sem_prune sem_wake
+--@ uses fmt sem_now sem_settle sem_counters sem_prune sem_wake wrong_kind
+local wrong = wrong_kind('S', 'LWEB', 4)  -- a name is one lock
+if wrong then
+  return wrong
+end
 local value = tonumber(ARGV[3])
 local lease = tonumber(ARGV[2])
 local queue = ARGV[4]

@@ -7,6 +7,7 @@
 --          owner's behalf
 -- KEYS[3]  queue: sorted set of waiters (see sem_acquire); a hint is published while it exists
 -- KEYS[4]  wake-up channel
+-- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  the value the caller's semaphore was constructed with
 -- ARGV[2]  '1' for a bounded semaphore (the free count may not go above the value), else '0'
 -- ARGV[3]  n, how many to release (>= 1)
@@ -20,7 +21,7 @@
 --          they had come back already): those ids; the rest of the release was done.
 -- An id found among the handed ones was released on its owner's behalf before: releasing it
 -- again counts as a release beyond the permits held, as it does in threading.
---@ uses fmt sem_now sem_live sem_settle sem_wake sem_sliced sem_scores sem_release_reply
+--@ uses fmt sem_now sem_live sem_settle sem_wake sem_sliced sem_scores sem_release_reply wrong_kind
 local value = tonumber(ARGV[1])
 -- The common release, release(1) of the caller's one permit while nothing else is held and the
 -- count was never raised: the lowest three members are then the value and that permit, and
@@ -41,6 +42,14 @@ local recorded = scores[1] and -tonumber(scores[1]) - 1
 local extra = scores[2] and -tonumber(scores[2]) - 1 or 0
 if recorded and recorded ~= value then
   return -2
+end
+if not recorded then
+  -- no semaphore here: this release would make one (its count raised), unless the name is
+  -- another kind's (a name is one lock). A holder's release never gets here.
+  local wrong = wrong_kind('S', 'LWEB', 5)
+  if wrong then
+    return wrong
+  end
 end
 local live = 0
 if recorded then

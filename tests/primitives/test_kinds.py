@@ -1,0 +1,181 @@
+"""A name is one lock (docs/guides/kinds.rst): a kind whose meaning cannot be shared with the
+kind a name is in use as is refused with WrongKindError, naming both, and nothing is written.
+
+Every ordered pair of kinds that may not share a name, the refused call made in both shells, on
+a single server and on the cluster. The name is put in use by the blocking shell (another
+process, as far as the refused call can tell); the refused call is each kind's first state
+change: an acquire, ``set()``, a barrier's ``wait()``.
+"""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import pytest
+from _aio import run_in_loop
+
+import distlock
+import distlock.asyncio as aio
+from distlock import WrongKindError
+
+pytestmark = pytest.mark.real_redis
+
+#: kind -> its family's letter (as the scripts name them): L lock, W read/write lock, S
+#: semaphore, E event, B barrier. Two kinds of different families may share a name only when
+#: both are locks (L and W: docs/guides/kinds.rst).
+FAMILY = {"DistLock": "L", "DistRLock": "L", "DistCondition": "L", "DistWriteLock": "W",
+          "DistReadLock": "W", "DistSemaphore": "S", "DistBoundedSemaphore": "S",
+          "DistEvent": "E", "DistBarrier": "B"}
+
+#: what WrongKindError calls each family
+SHOWN = {"L": "DistLock (or DistRLock, DistCondition)", "W": "DistReadWriteLock",
+         "S": "DistSemaphore", "E": "DistEvent", "B": "DistBarrier"}
+
+
+def _take(kind: str, name: str, client: Any) -> Callable[[], None]:
+    """Put ``name`` in use as ``kind`` (held, or state at rest); return what ends that."""
+    if kind in ("DistLock", "DistRLock", "DistCondition"):
+        lock = getattr(distlock, kind)(name, client=client)
+        assert lock.acquire(blocking=False)
+        return lock.release  # type: ignore[no-any-return]
+    if kind in ("DistWriteLock", "DistReadLock"):
+        rw = distlock.DistReadWriteLock(name, client=client)
+        side = rw.write_lock() if kind == "DistWriteLock" else rw.read_lock()
+        assert side.acquire(blocking=False)
+        return side.release  # type: ignore[no-any-return]
+    if kind in ("DistSemaphore", "DistBoundedSemaphore"):
+        sem = getattr(distlock, kind)(name, 2, client=client)
+        assert sem.acquire(blocking=False)
+        return sem.release  # type: ignore[no-any-return]
+    if kind == "DistEvent":
+        event = distlock.DistEvent(name, client=client)
+        event.set()  # an event's state at rest
+        return event.clear  # type: ignore[no-any-return]
+    barrier = distlock.DistBarrier(name, 2, client=client)
+    barrier.abort()  # a broken barrier's state at rest
+    return barrier.reset  # type: ignore[no-any-return]
+
+
+def _try(kind: str, name: str, client: Any) -> Any:
+    """``kind``'s first state change on ``name``, in the blocking shell."""
+    if kind in ("DistLock", "DistRLock", "DistCondition"):
+        return getattr(distlock, kind)(name, client=client).acquire(blocking=False)
+    if kind in ("DistWriteLock", "DistReadLock"):
+        rw = distlock.DistReadWriteLock(name, client=client)
+        side = rw.write_lock() if kind == "DistWriteLock" else rw.read_lock()
+        return side.acquire(blocking=False)
+    if kind in ("DistSemaphore", "DistBoundedSemaphore"):
+        return getattr(distlock, kind)(name, 2, client=client).acquire(blocking=False)
+    if kind == "DistEvent":
+        return distlock.DistEvent(name, client=client).set()
+    return distlock.DistBarrier(name, 2, client=client).wait(timeout=5)
+
+
+async def _atry(kind: str, name: str, aclient: Any) -> Any:
+    """``kind``'s first state change on ``name``, in the asyncio shell."""
+    if kind in ("DistLock", "DistRLock", "DistCondition"):
+        return await getattr(aio, kind)(name, client=aclient).acquire(blocking=False)
+    if kind in ("DistWriteLock", "DistReadLock"):
+        rw = aio.DistReadWriteLock(name, client=aclient)
+        side = rw.write_lock() if kind == "DistWriteLock" else rw.read_lock()
+        return await side.acquire(blocking=False)
+    if kind in ("DistSemaphore", "DistBoundedSemaphore"):
+        return await getattr(aio, kind)(name, 2, client=aclient).acquire(blocking=False)
+    if kind == "DistEvent":
+        return await aio.DistEvent(name, client=aclient).set()
+    return await aio.DistBarrier(name, 2, client=aclient).wait(timeout=5)
+
+
+def _refused_pairs() -> List[Tuple[str, str]]:
+    return [(held, tried) for held in FAMILY for tried in FAMILY
+            if FAMILY[held] != FAMILY[tried] and {FAMILY[held], FAMILY[tried]} != {"L", "W"}]
+
+
+def _state(client: Any, name: str) -> Dict[str, Optional[bytes]]:
+    """Every key any kind keeps for ``name``, with its value (DUMP), and its TTL's presence."""
+    tag = f"distlock:{{{name}}}"
+    suffixes = ["", ":q", ":fd", ":fq", ":fe", ":fence", ":rw:w", ":rw:r", ":rw:q", ":sem",
+                ":sem:q", ":sem:x", ":ev", ":ev:w", ":ev:t", ":bar", ":bar:w", ":bar:x"]
+    return {tag + s: client.dump(tag + s) for s in suffixes}
+
+
+def _check(exc: WrongKindError, name: str, held: str, tried: str) -> None:
+    assert isinstance(exc, TypeError) and isinstance(exc, distlock.DistLockError)
+    assert exc.name == name and exc.kind == SHOWN[FAMILY[held]] and exc.this == SHOWN[FAMILY[tried]]
+    assert str(exc) == f"{name!r} is a {exc.kind} here; this is a {exc.this}"
+    again = pickle.loads(pickle.dumps(exc))
+    assert type(again) is WrongKindError and (again.name, again.kind, again.this) == \
+        (exc.name, exc.kind, exc.this) and str(again) == str(exc)
+
+
+@pytest.mark.cluster_too
+@pytest.mark.parametrize("held,tried", _refused_pairs())
+def test_a_name_in_use_as_another_kind_is_refused_and_nothing_is_written(
+        client: Any, held: str, tried: str) -> None:
+    name = f"kind-{uuid.uuid4().hex[:8]}"
+    end = _take(held, name, client)
+    try:
+        before = _state(client, name)
+        with pytest.raises(WrongKindError) as info:
+            _try(tried, name, client)
+        _check(info.value, name, held, tried)
+        assert _state(client, name) == before, "a refused call wrote something"
+    finally:
+        end()
+
+
+@pytest.mark.cluster_too
+@pytest.mark.parametrize("held,tried", _refused_pairs())
+def test_an_async_call_on_a_name_of_another_kind_is_refused_and_nothing_is_written(
+        client: Any, url: str, held: str, tried: str) -> None:
+    name = f"akind-{uuid.uuid4().hex[:8]}"
+    end = _take(held, name, client)
+    try:
+        before = _state(client, name)
+
+        async def body(aclient: Any) -> Any:
+            with pytest.raises(WrongKindError) as info:
+                await _atry(tried, name, aclient)
+            return info.value
+
+        _check(run_in_loop(url, body), name, held, tried)
+        assert _state(client, name) == before, "a refused call wrote something"
+    finally:
+        end()
+
+
+@pytest.mark.cluster_too
+@pytest.mark.parametrize("kind", sorted(FAMILY))
+def test_a_name_has_no_kind_once_nothing_holds_waits_or_keeps_state(client: Any, kind: str) -> None:
+    """After the kind's hold ends (or its state at rest is cleared), every other kind may have
+    the name: the fence counter that stays behind gives no kind."""
+    name = f"kfree-{uuid.uuid4().hex[:8]}"
+    _take(kind, name, client)()
+    for other in sorted(FAMILY):
+        if FAMILY[other] == FAMILY[kind]:
+            continue
+        _take(other, name, client)()
+
+
+def test_a_kind_waited_on_is_a_kind(client: Any) -> None:
+    """A name is a kind while it is waited on, not only while held: an event's waiter."""
+    import threading
+
+    name = f"kwait-{uuid.uuid4().hex[:8]}"
+    event = distlock.DistEvent(name, client=client)
+    waiting = threading.Thread(target=event.wait, args=(30,), name="kind-event-waiter", daemon=True)
+    waiting.start()
+    try:
+        for _ in range(500):
+            if client.exists(f"distlock:{{{name}}}:ev:w"):
+                break
+            threading.Event().wait(0.01)
+        with pytest.raises(WrongKindError):
+            distlock.DistSemaphore(name, 1, client=client).acquire(blocking=False)
+    finally:
+        event.set()
+        waiting.join(30)
+        event.clear()
+    assert not waiting.is_alive()
