@@ -173,8 +173,14 @@ class SemKeys:
 
     @property
     def release(self) -> Tuple[str, ...]:
-        """KEYS of ``sem_release``."""
+        """KEYS of ``sem_release`` beyond the caller's own permits (it may make a semaphore)."""
         return (self.sem, self.handed, self.queue, self.channel, *self.others)
+
+    @property
+    def release_own(self) -> Tuple[str, str, str, str]:
+        """KEYS of ``sem_release`` of the caller's own permits: without the other kinds' keys,
+        which only a release that makes a semaphore checks (it answers ``REL_UNCHECKED``)."""
+        return (self.sem, self.handed, self.queue, self.channel)
 
     @property
     def renew(self) -> Tuple[str, str]:

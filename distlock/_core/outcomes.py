@@ -39,6 +39,7 @@ from .replies import (
     REL_MISMATCH,
     REL_OVERFLOW,
     REL_TOO_MANY,
+    REL_UNCHECKED,
     SEM_MISMATCH,
 )
 
@@ -46,7 +47,7 @@ __all__ = [
     "Granted", "Busy", "Pending", "Done", "Failed", "Released", "LOST", "TIMED_OUT", "NAMED",
     "Outcome", "FINAL", "lock_acquire", "lock_reenter", "lock_release", "holder_bound", "sem_acquire",
     "REJOIN", "event_wait", "barrier_poll", "cond_leave", "RENEWED", "ENDED", "renewal",
-    "MISMATCH", "TOO_MANY", "OVERFLOW", "Freed", "sem_release", "RUN_ACTION", "JOINED",
+    "MISMATCH", "TOO_MANY", "OVERFLOW", "UNCHECKED", "Freed", "sem_release", "RUN_ACTION", "JOINED",
     "barrier_arrival", "barrier_done",
 ]
 
@@ -173,6 +174,8 @@ def lock_release(reply: Any) -> Union[Released, _Marker]:
 
 #: a semaphore's or barrier's script found it in use with another value / number of parties
 MISMATCH = _Marker("MISMATCH")
+#: sem_release: nothing changed; send it again with the other kinds' keys (``REL_UNCHECKED``)
+UNCHECKED = _Marker("UNCHECKED")
 #: a bounded semaphore's release would raise the count above its value; nothing changed
 TOO_MANY = _Marker("TOO_MANY")
 #: a release would raise the count past 2**53 - 1; nothing changed
@@ -204,7 +207,7 @@ def sem_acquire(reply: Any) -> Union[Granted, Busy, _Marker]:
 
 def sem_release(reply: Any) -> Union[Freed, _Marker]:
     """``sem_release``: the permits free now; or a list {free, lost id, ...} when some of the
-    caller's permits had been lost; or ``MISMATCH``, ``TOO_MANY``, ``OVERFLOW``."""
+    caller's permits had been lost; or ``MISMATCH``, ``TOO_MANY``, ``OVERFLOW``, ``UNCHECKED``."""
     if isinstance(reply, list):
         return Freed(int(reply[0]), frozenset(
             raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else str(raw)
@@ -212,7 +215,8 @@ def sem_release(reply: Any) -> Union[Freed, _Marker]:
     code = int(reply)
     if code >= 0:
         return Freed(code)
-    return {REL_MISMATCH: MISMATCH, REL_TOO_MANY: TOO_MANY, REL_OVERFLOW: OVERFLOW}.get(code, MISMATCH)
+    return {REL_MISMATCH: MISMATCH, REL_TOO_MANY: TOO_MANY, REL_OVERFLOW: OVERFLOW,
+            REL_UNCHECKED: UNCHECKED}.get(code, MISMATCH)
 
 
 # --- the watchdog's renewals ------------------------------------------------------------------

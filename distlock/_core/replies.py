@@ -47,6 +47,12 @@ REL_MISMATCH = -2
 REL_OVERFLOW = -3
 
 
+#: sem_release: no semaphore here, so the release would make one, and the caller sent no other
+#: kinds' keys to check the name against (it released its own permits only): nothing changed;
+#: send it again with them
+REL_UNCHECKED = -4
+
+
 TOO_MANY_RELEASES = "Semaphore released too many times"
 
 

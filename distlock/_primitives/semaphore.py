@@ -33,7 +33,7 @@ from .._core.deadlines import entry_ms, lease_ms
 from .._core.errors import LockLostError, WrongKindError
 from .._core.flow import Flow, Read, Run
 from .._core.keys import SemKeys
-from .._core.outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, Granted, Outcome, renewal
+from .._core.outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, UNCHECKED, Granted, Outcome, renewal
 from .._core.outcomes import sem_acquire as decode_acquire
 from .._core.outcomes import sem_release as decode_release
 from .._core.replicas import Acks, acks_for, check_options, give_back_unacked
@@ -275,9 +275,15 @@ class DistSemaphore(SessionUser):
         keys = self._keys
         args: Tuple[Any, ...] = (self._initial, "1" if self._bounded else "0", count, *ids)
         outcome: Any = None
+        # A release of the caller's own permits sends no other kinds' keys (it makes no
+        # semaphore), unless they were lost and it would: then the script asks for them.
+        release = keys.release_own if len(ids) == count else keys.release
         try:
             for _ in range(_MISMATCH_TRIES):
-                outcome = decode_release((yield Run("sem_release", keys.release, args)))
+                outcome = decode_release((yield Run("sem_release", release, args)))
+                if outcome is UNCHECKED:
+                    release = keys.release
+                    outcome = decode_release((yield Run("sem_release", release, args)))
                 if outcome is not MISMATCH:
                     break
                 stored = yield from _recorded(keys)
@@ -392,7 +398,7 @@ class DistSemaphore(SessionUser):
         try:
             renewed = yield Run("sem_renew", self._keys.renew, (pid, lease_ms(settings().lease)))
             if renewal(renewed) is RENEWED:
-                yield Run("sem_release", self._keys.release,
+                yield Run("sem_release", self._keys.release_own,
                        (self._initial, "1" if self._bounded else "0", 1, pid))
         except redis.RedisError:
             pass
@@ -425,7 +431,7 @@ class DistSemaphore(SessionUser):
         session = hold.session
         ms = lease_ms(settings().lease)
         if renewal(session.run("sem_renew", self._keys.renew, (hold.owner, ms))) is RENEWED:
-            session.run("sem_release", self._keys.release,
+            session.run("sem_release", self._keys.release_own,
                         (self._initial, "1" if self._bounded else "0", 1, hold.owner))
 
     def _renewer(self) -> Callable[[Any, Hold, int], Any]:

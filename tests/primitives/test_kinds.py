@@ -179,3 +179,25 @@ def test_a_kind_waited_on_is_a_kind(client: Any) -> None:
         waiting.join(30)
         event.clear()
     assert not waiting.is_alive()
+
+
+@pytest.mark.cluster_too
+def test_a_release_whose_permits_were_lost_is_refused_on_a_name_now_of_another_kind(
+        client: Any) -> None:
+    """A semaphore's own release sends no other kinds' keys; when its permit was lost and the
+    release would make a semaphore again, the script asks for them (nothing changed), and the
+    release, sent again with them, is refused: the name is a lock's now."""
+    name = f"klost-{uuid.uuid4().hex[:8]}"
+    sem = distlock.DistSemaphore(name, 1, client=client)
+    assert sem.acquire(blocking=False)
+    client.delete(f"distlock:{{{name}}}:sem")  # the permit is lost (the server lost it)
+    lock = distlock.DistLock(name, client=client)
+    assert lock.acquire(blocking=False)
+    try:
+        before = _state(client, name)
+        with pytest.raises(WrongKindError):
+            sem.release()
+        assert _state(client, name) == before
+    finally:
+        lock.release()
+    assert not client.exists(f"distlock:{{{name}}}:sem")

@@ -49,20 +49,24 @@ if mode ~= '' and mode ~= 'w' and mode ~= 'p' then
   end
   return tonumber(mode)
 end
-local wrong = wrong_kind('L', 'SEB', 5)  -- a name is one lock
-if wrong then
-  return wrong
-end
--- One EXISTS answers the uncontended case: neither a hold nor anyone registered as waiting.
--- Otherwise PTTL tells whether the lock is held (-2: no such key) and, if so, for how long.
+-- One EXISTS answers the uncontended case: neither a hold nor anyone registered as waiting,
+-- nor the name in use as another kind (KEYS[5...]: a name is one lock). Otherwise the kinds
+-- are looked at first, then PTTL tells whether the lock is held (-2: no such key) and, if so,
+-- for how long.
 local present
-if KEYS[4] then
+if KEYS[5] then
+  present = redis.call('exists', KEYS[1], KEYS[3], KEYS[4], unpack(KEYS, 5))
+elseif KEYS[4] then
   present = redis.call('exists', KEYS[1], KEYS[3], KEYS[4])
 else
   present = redis.call('exists', KEYS[1], KEYS[3])
 end
 local kept = false  -- the lock was kept for the caller's process (free_hold)
 if present > 0 then
+  local wrong = wrong_kind('L', 'SEB', 5)
+  if wrong then
+    return wrong
+  end
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
     if mode == 'w' or mode == 'p' then

@@ -7,7 +7,8 @@
 --          owner's behalf
 -- KEYS[3]  queue: sorted set of waiters (see sem_acquire); a hint is published while it exists
 -- KEYS[4]  wake-up channel
--- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua);
+--          a release of the caller's own permits only may leave them out
 -- ARGV[1]  the value the caller's semaphore was constructed with
 -- ARGV[2]  '1' for a bounded semaphore (the free count may not go above the value), else '0'
 -- ARGV[3]  n, how many to release (>= 1)
@@ -17,6 +18,8 @@
 --          -2 when the semaphore is in use with another value (nothing changed);
 --          -3 when the count would go above 2^53 - 1, the largest Lua numbers and Redis
 --          scores keep exactly (nothing changed);
+--          -4 when there is no semaphore here (the release would make one) and KEYS[5...]
+--          were not sent (nothing changed: send it again with them);
 --          {free, id, ...} when some given ids were no longer held (their lease had run out, so
 --          they had come back already): those ids; the rest of the release was done.
 -- An id found among the handed ones was released on its owner's behalf before: releasing it
@@ -45,7 +48,11 @@ if recorded and recorded ~= value then
 end
 if not recorded then
   -- no semaphore here: this release would make one (its count raised), unless the name is
-  -- another kind's (a name is one lock). A holder's release never gets here.
+  -- another kind's (a name is one lock). A holder's release gets here only when its permits
+  -- were lost; it sends no other kinds' keys (its usual release needs none): ask for them.
+  if not KEYS[5] then
+    return -4
+  end
   local wrong = wrong_kind('S', 'LWEB', 5)
   if wrong then
     return wrong
