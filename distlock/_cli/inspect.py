@@ -42,6 +42,9 @@ __all__ = [
     "exclusive_state",
     "rw_state",
     "free_state",
+    "semaphore_state",
+    "event_state",
+    "barrier_state",
     "name_from_key",
     "scan_pattern",
     "glob_escape",
@@ -256,6 +259,74 @@ def exclusive_state(name: str, key: str, key_type: Optional[Raw],
         token=token if token is not None else fence_token, fence=fence_token,
         waiting_writers=0, age_ms=age, waiting_since_ms=since, extra=dict(sorted(meta.items())),
     )
+
+
+def semaphore_state(name: str, key: str, members: Any, pttl: Optional[int], *,
+                    waiting: Optional[int], now_ms: int, fence: Optional[Raw]) -> Optional[LockState]:
+    """A DistSemaphore (or DistBoundedSemaphore: Redis cannot tell them apart) from ``ZRANGE
+    <sem> 0 -1 WITHSCORES`` (permit id -> lease deadline, ``+inf`` for a permit taken at rest,
+    whose deadline is the key's expiry; ``~v`` and ``~x`` -> -(value + 1), -(extra + 1)), the
+    key's PTTL and its waiting callers (``ZCARD`` of its queue); None when no permit is held
+    and nobody waits. One owner per held permit (ids ``<session id>:<thread ident>:<n>``)."""
+    value: Optional[int] = None
+    extra = 0
+    owners: List[Owner] = []
+    for member, score in zset_pairs(members):
+        if member == "~v":
+            value = int(-score) - 1
+        elif member == "~x":
+            extra = int(-score) - 1
+        else:
+            left = pttl if score == float("inf") else int(score - now_ms)
+            if left is not None and left >= 0:
+                session, _, rest = member.partition(":")
+                thread = int_of(rest.partition(":")[0])
+                owners.append(Owner(owner=member, session=session, thread=thread, hold_id=None,
+                                    count=1, mode="permit", lease_ms=left))
+    queued = int(waiting or 0)
+    if not owners and not queued:
+        return None
+    words: Dict[str, str] = {}
+    if value is not None:
+        words["permits"] = f"{len(owners)} of {value + extra} held"
+    if queued:
+        words["waiting"] = f"{queued} caller(s) wait for a permit"
+    token = int_of(fence)
+    return LockState(name=name, key=key, kind="DistSemaphore", held=bool(owners),
+                     owners=tuple(owners), count=len(owners),
+                     lease_ms=min((o.lease_ms for o in owners if o.lease_ms is not None), default=None),
+                     token=token, fence=token, extra=words)
+
+
+def event_state(name: str, key: str, is_set: bool, *, waiting: Optional[int],
+                fence: Optional[Raw]) -> Optional[LockState]:
+    """A DistEvent: set (its state at rest) or waited on; None when neither."""
+    queued = int(waiting or 0)
+    if not is_set and not queued:
+        return None
+    words = {"state": "set" if is_set else "clear"}
+    if queued:
+        words["waiting"] = f"{queued} caller(s) wait for it to be set"
+    token = int_of(fence)
+    return LockState(name=name, key=key, kind="DistEvent", held=is_set, token=token, fence=token,
+                     extra=words)
+
+
+def barrier_state(name: str, key: str, fields: Sequence[Optional[Raw]], *,
+                  waiting: Optional[int], fence: Optional[Raw]) -> Optional[LockState]:
+    """A DistBarrier from ``HMGET <bar> p b``: broken (its state at rest) or with parties
+    waiting; None when neither."""
+    parties = int_of(fields[0]) if fields else None
+    broken = bool(fields[1]) if len(fields) > 1 else False
+    queued = int(waiting or 0)
+    if not queued and not broken:
+        return None
+    words = {"parties": f"{queued} of {parties} arrived" if parties is not None else f"{queued} arrived"}
+    if broken:
+        words["state"] = "broken (until reset())"
+    token = int_of(fence)
+    return LockState(name=name, key=key, kind="DistBarrier", held=broken, token=token,
+                     fence=token, extra=words)
 
 
 def hold_age(total_lease: Optional[Raw], pttl: Optional[int]) -> Optional[int]:

@@ -21,10 +21,11 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from .. import __version__
+from .._core.errors import WrongKindError
 from .._session.config import DEFAULT_URL
 from .bench import cmd_bench, cmd_demo
 from .connect import redact_url
-from .exits import EXIT_CONFLICT, EXIT_SOFTWARE, EXIT_UNAVAILABLE, Fail, err, one_line
+from .exits import EXIT_CONFLICT, EXIT_SOFTWARE, EXIT_UNAVAILABLE, EXIT_WRONG_KIND, Fail, err, one_line
 from .run import DEFAULT_KILL_AFTER, cmd_run
 from .state import cmd_list, cmd_release, cmd_status, cmd_top
 
@@ -241,6 +242,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Fail as exc:
         err(str(exc))
         return exc.status
+    except WrongKindError as exc:  # a name is one lock (docs/guides/kinds.rst)
+        err(one_line(exc))
+        return EXIT_WRONG_KIND
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         err(f"cannot reach the Redis server at {redact_url(url or '?')}: {one_line(exc)}")
         return EXIT_UNAVAILABLE

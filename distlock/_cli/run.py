@@ -218,7 +218,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             how = "" if args.nonblock else f" within {args.timeout:g} s"
             held = ""
             try:
-                states = [s for s in fetch_states(client, [args.name]) if s.held]
+                states = [s for s in fetch_states(client, [args.name]) if s.held and s.owners]
                 if states:
                     held = "; held by " + "; ".join(holder_summary(s) for s in states)
             except (redis.RedisError, RedisClusterException):

@@ -14,19 +14,22 @@ import argparse
 import json
 from typing import Any, List, Sequence
 
-from .._core.keys import Keys
+from .._core.keys import BarrierKeys, EventKeys, Keys, SemKeys
 from .._core.settings import settings
 from .._session.session import session_for
 from .connect import client_for, redact_url
-from .exits import EXIT_REFUSED, err
+from .exits import EXIT_REFUSED, EXIT_WRONG_KIND, err
 from .inspect import (
     LockState,
     Owner,
+    barrier_state,
+    event_state,
     exclusive_state,
     free_state,
     name_from_key,
     rw_state,
     scan_pattern,
+    semaphore_state,
 )
 from .servers import by_server, execute, routed, scan_keys, servers, time_ms
 
@@ -79,6 +82,14 @@ def _queue_state_reads(pipe: Any, prefix: str, name: str) -> None:
         pipe.pttl(rw.writer)
         pipe.zrange(rw.readers, 0, -1, withscores=True)
         pipe.zrange(rw.queue, 0, -1, withscores=True)
+    sem, ev, bar = SemKeys.of(prefix, name), EventKeys.of(prefix, name), BarrierKeys.of(prefix, name)
+    pipe.zrange(sem.sem, 0, -1, withscores=True)
+    pipe.pttl(sem.sem)
+    pipe.zcard(sem.queue)
+    pipe.exists(ev.flag)
+    pipe.zcard(ev.waiters)
+    pipe.hmget(bar.state, "p", "b")
+    pipe.zcard(bar.waiters)
 
 
 def _read_states(prefix: str, name: str, replies: List[Any], at: int,
@@ -96,11 +107,41 @@ def _read_states(prefix: str, name: str, replies: List[Any], at: int,
         found.append(rw_state(name, rw.writer, writer_type=w_type, writer_fields=w_fields,
                               writer_pttl=w_pttl, readers=readers, queue=queue,
                               now_ms=now_ms, fence=fence))
+    members, sem_pttl, sem_waiting, is_set, ev_waiting, bar_fields, bar_waiting = replies[at:at + 7]
+    at += 7
+    found.append(semaphore_state(name, SemKeys.of(prefix, name).sem, members, sem_pttl,
+                                 waiting=sem_waiting, now_ms=now_ms, fence=fence))
+    found.append(event_state(name, EventKeys.of(prefix, name).flag, bool(is_set),
+                             waiting=ev_waiting, fence=fence))
+    found.append(barrier_state(name, BarrierKeys.of(prefix, name).state, bar_fields or (),
+                               waiting=bar_waiting, fence=fence))
     held = [state for state in found if state is not None]
     return held or [free_state(name, k.lock, fence)], at
 
 
+#: the kinds ``status`` shows that are not locks: ``release --force`` leaves them alone
+NOT_LOCKS = ("DistSemaphore", "DistEvent", "DistBarrier")
+
+#: what a person reads for each metadata field of a lock's hash that ``status`` shows
+FIELD_WORDS = {
+    ":w": ("waiting", "a process is registered as waiting: the release wakes one"),
+    ":r": ("kept for", "a waiting process (the lock is being handed to it)"),
+}
+
+
+def _field_line(key: str, value: str) -> str:
+    if key in FIELD_WORDS:
+        label, meaning = FIELD_WORDS[key]
+        return f"  {label}: {meaning}"
+    if key.startswith(":"):
+        return f"  field {key!r} (not known to this version of distlock) = {value}"
+    return f"  {key}: {value}"
+
+
 def _who(o: Owner) -> str:
+    if o.mode == "permit":  # its id: <session>:<thread>:<n>
+        thread = f" thread {o.thread}" if o.thread is not None else ""
+        return f"session {o.session}{thread}, permit {o.owner.rpartition(':')[2]}"
     who = f"thread {o.thread}" if o.thread is not None else f"hold {o.hold_id}"
     where = f"{o.host} pid {o.pid}" if o.host is not None else "host not recorded"
     mode = "" if o.mode == "exclusive" else f"{o.mode} "
@@ -109,20 +150,28 @@ def _who(o: Owner) -> str:
 
 def describe(state: LockState) -> List[str]:
     """Human-readable lines for one state."""
-    if not state.held:
+    if state.kind == "free":
         last = f"last token {state.token}" if state.token is not None else "never granted"
         return [f"{state.name}: free ({last})"]
     lease = "no expiry" if state.lease_ms is None else f"lease {state.lease_ms / 1000:.1f} s left"
-    lines = [f"{state.name}: held, {state.kind}, token {state.token}, count {state.count}, {lease}"]
+    if state.kind in ("DistSemaphore", "DistEvent", "DistBarrier"):
+        what = "held" if state.kind == "DistSemaphore" and state.held else "in use"
+        head = f"{state.name}: {what}, {state.kind}"
+        if state.kind == "DistSemaphore" and state.held:
+            head += f", {lease}"
+        lines = [head]
+    else:
+        lines = [f"{state.name}: held, {state.kind}, token {state.token}, count {state.count}, {lease}"]
     for o in state.owners:
         extra = "" if o.token is None else f", token {o.token}"
         if o.lease_ms is not None:
             extra += f", lease {o.lease_ms / 1000:.1f} s left"
-        lines.append(f"  owner {_who(o)}, count {o.count}{extra}")
+        count = "" if o.mode == "permit" else f", count {o.count}"
+        lines.append(f"  owner {_who(o)}{count}{extra}")
     if state.waiting_writers:
         lines.append(f"  {state.waiting_writers} writer(s) waiting")
     for key, value in state.extra.items():
-        lines.append(f"  {key} = {value}")
+        lines.append(_field_line(key, value))
     return lines
 
 
@@ -142,13 +191,17 @@ def cmd_status(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def _held_suffixes() -> List[str]:
-    """The key suffixes (after ``}``) that exist only while something holds the name."""
+    """The key suffixes (after ``}``) that exist only while something holds the name, waits on
+    it or keeps its state at rest (a set event, a broken barrier): every kind's."""
     prefix = settings().prefix
     tag = Keys(prefix, "x").tag
     suffixes = [Keys(prefix, "x").lock[len(tag):]]
     rw = _rw_keys("x")
     if rw is not None:
         suffixes += [rw.writer[len(tag):], rw.readers[len(tag):]]
+    sem, ev, bar = SemKeys.of(prefix, "x"), EventKeys.of(prefix, "x"), BarrierKeys.of(prefix, "x")
+    suffixes += [key[len(tag):] for key in (sem.sem, sem.queue, ev.flag, ev.waiters, bar.state,
+                                              bar.waiters)]
     return suffixes
 
 
@@ -174,9 +227,9 @@ def _list_names(client: Any, pattern: str) -> List[str]:
 def cmd_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     client = client_for(args.url, parser)
     names = list_names(client, args.pattern)
-    states = [s for s in fetch_states(client, names) if s.held] if names else []
+    states = [s for s in fetch_states(client, names) if s.kind != "free"] if names else []
     if not states and not args.json:
-        print(f"no held locks match {args.pattern!r}")
+        print(f"nothing held, waited on or set matches {args.pattern!r}")
         return 0
     _print_states(states, args.json)
     return 0
@@ -220,7 +273,12 @@ def _force_release(client: Any, state: LockState) -> tuple[int, int]:
 
 def cmd_release(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     client = client_for(args.url, parser)
-    held = [s for s in fetch_states(client, [args.name]) if s.held]
+    states = fetch_states(client, [args.name])
+    held = [s for s in states if s.held and s.kind not in NOT_LOCKS]
+    others = [s for s in states if s.kind in NOT_LOCKS]
+    if not held and others:
+        err(f"{args.name!r} is a {others[0].kind}, not a lock: release --force breaks locks only")
+        return EXIT_WRONG_KIND
     if not held:
         print(f"{args.name}: not held; nothing to release")
         return 0

@@ -447,7 +447,62 @@ def test_status_and_list_json(url: str, client: redis.Redis[Any]) -> None:
         rlock.release()
         lock.release()
     assert json.loads(cli("list", "--json", "--url", url).stdout) == []
-    assert "no held locks" in cli("list", "--url", url).stdout
+    assert "nothing held, waited on or set matches" in cli("list", "--url", url).stdout
+
+
+@pytest.mark.real_redis
+def test_status_list_run_and_release_know_every_kind(url: str, client: redis.Redis[Any]) -> None:
+    """``status`` and ``list`` show a held semaphore, a set event and a broken barrier, as
+    ``top`` does, with their kind and in words; ``run`` on a name of another kind says so (exit
+    65), and ``release --force`` breaks locks only. A lock's waiting flag reads as words."""
+    sem = distlock.DistSemaphore("kinds:sem", 2, client=client)
+    event = distlock.DistEvent("kinds:event", client=client)
+    barrier = distlock.DistBarrier("kinds:barrier", 3, client=client)
+    lock = DistLock("kinds:lock", client=client)
+    assert sem.acquire() and lock.acquire()
+    event.set()
+    barrier.abort()
+    waiter = threading.Thread(target=lambda: DistLock("kinds:lock", client=client).acquire(timeout=2),
+                              name="kinds-lock-waiter", daemon=True)
+    waiter.start()
+    try:
+        assert _wait_for(lambda: client.exists("distlock:{kinds:lock}:q"), 10)
+        shown = cli("status", "kinds:sem", "kinds:event", "kinds:barrier", "kinds:lock", "--url", url)
+        assert shown.returncode == 0, shown.stderr
+        out = shown.stdout
+        assert "kinds:sem: held, DistSemaphore" in out and "permits: 1 of 2 held" in out
+        assert "free (never granted)" not in out
+        assert "kinds:event: in use, DistEvent" in out and "state: set" in out
+        assert "kinds:barrier: in use, DistBarrier" in out and "state: broken" in out
+        assert "waiting: a process is registered as waiting" in out and ":w" not in out
+        listed = cli("list", "kinds:*", "--url", url).stdout
+        for name in ("kinds:sem", "kinds:event", "kinds:barrier", "kinds:lock"):
+            assert f"{name}: " in listed
+        listed_json = json.loads(cli("list", "--json", "kinds:*", "--url", url).stdout)
+        as_json = {s["name"]: s["kind"] for s in listed_json}
+        assert as_json == {"kinds:sem": "DistSemaphore", "kinds:event": "DistEvent",
+                           "kinds:barrier": "DistBarrier", "kinds:lock": "DistLock"}
+        run = cli("run", "-n", "--url", url, "kinds:sem", "--", sys.executable, "-c", "pass")
+        assert run.returncode == 65 and "'kinds:sem' is a DistSemaphore here" in run.stderr
+        forced = cli("release", "--force", "kinds:event", "--url", url)
+        assert forced.returncode == 65 and "not a lock" in forced.stderr
+        assert client.exists("distlock:{kinds:event}:ev")
+    finally:
+        waiter.join(10)
+        sem.release()
+        lock.release()
+        event.clear()
+        barrier.reset()
+    assert "nothing held, waited on or set matches" in cli("list", "kinds:*", "--url", url).stdout
+
+
+def _wait_for(predicate: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 @pytest.mark.real_redis
