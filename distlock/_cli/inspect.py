@@ -266,8 +266,9 @@ def semaphore_state(name: str, key: str, members: Any, pttl: Optional[int], *,
     """A DistSemaphore (or DistBoundedSemaphore: Redis cannot tell them apart) from ``ZRANGE
     <sem> 0 -1 WITHSCORES`` (permit id -> lease deadline, ``+inf`` for a permit taken at rest,
     whose deadline is the key's expiry; ``~v`` and ``~x`` -> -(value + 1), -(extra + 1)), the
-    key's PTTL and its waiting callers (``ZCARD`` of its queue); None when no permit is held
-    and nobody waits. One owner per held permit (ids ``<session id>:<thread ident>:<n>``)."""
+    key's PTTL and its waiting callers (``ZCARD`` of its queue); None when no permit is held,
+    nobody waits and no release raised its count. One owner per held permit (ids
+    ``<session id>:<thread ident>:<n>``)."""
     value: Optional[int] = None
     extra = 0
     owners: List[Owner] = []
@@ -284,11 +285,14 @@ def semaphore_state(name: str, key: str, members: Any, pttl: Optional[int], *,
                 owners.append(Owner(owner=member, session=session, thread=thread, hold_id=None,
                                     count=1, mode="permit", lease_ms=left))
     queued = int(waiting or 0)
-    if not owners and not queued:
-        return None
+    if not owners and not queued and not extra:
+        return None  # (a count raised by releases beyond the permits held is state at rest)
     words: Dict[str, str] = {}
     if value is not None:
         words["permits"] = f"{len(owners)} of {value + extra} held"
+        if extra:
+            words["raised"] = (f"its count, by {extra} release(s) beyond the permits held "
+                               "(kept in Redis for good)")
     if queued:
         words["waiting"] = f"{queued} caller(s) wait for a permit"
     token = int_of(fence)

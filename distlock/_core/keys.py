@@ -27,19 +27,23 @@ def unescape_name(escaped: str) -> str:
 
 #: The keys that give a name its kind (docs/guides/kinds.rst), as suffixes of the name's tag,
 #: by kind: L a lock (DistLock, DistRLock, DistCondition: its hash, its registry of waiting
-#: processes, its fair queue), W a read/write lock, S a semaphore, E an event, B a barrier.
-KIND_KEYS = {"L": ("", ":q", ":fd"), "W": (":rw:w", ":rw:r", ":rw:q"), "S": (":sem", ":sem:q"),
-             "E": (":ev", ":ev:w", ":ev:t"), "B": (":bar", ":bar:w")}
+#: processes, its fair queue, and the waiters' leases of the condition of the same name:
+#: ``%s`` is the name itself, as ``CondKeys`` spells it), W a read/write lock, S a semaphore,
+#: E an event, B a barrier.
+KIND_KEYS = {"L": ("", ":q", ":fd", ":cond:l:%s"), "W": (":rw:w", ":rw:r", ":rw:q"),
+             "S": (":sem", ":sem:q"), "E": (":ev", ":ev:w", ":ev:t"), "B": (":bar", ":bar:w")}
 
 #: The kinds that may not share a name with each kind, in the order its scripts take their
 #: keys (``wrong_kind`` in lua/_prelude.lua, whose ``COUNT`` is ``KIND_KEYS``' lengths).
 OTHER_KINDS = {"L": "SEB", "W": "SEB", "S": "LWEB", "E": "LWSB", "B": "LWSE"}
 
 
-def other_kinds(tag: str, kind: str) -> Tuple[str, ...]:
-    """The keys of the name of ``tag`` that tell whether it is in use as a kind that ``kind``
-    may not share it with: the last KEYS of each script that gives a name its kind."""
-    return tuple(tag + suffix for other in OTHER_KINDS[kind] for suffix in KIND_KEYS[other])
+def other_kinds(tag: str, name: str, kind: str) -> Tuple[str, ...]:
+    """The keys of ``name`` (whose hash tag is ``tag``) that tell whether it is in use as a
+    kind that ``kind`` may not share it with: the last KEYS of each script that gives a name
+    its kind."""
+    return tuple(tag + (suffix % name if "%s" in suffix else suffix)
+                 for other in OTHER_KINDS[kind] for suffix in KIND_KEYS[other])
 
 
 class Keys:
@@ -69,7 +73,7 @@ class Keys:
         #: sorted set: the wake-up channels of processes waiting for an exclusive lock
         self.queue = self.tag + ":q"
         #: the keys of the kinds a lock may not share its name with (``other_kinds``)
-        self.others = other_kinds(self.tag, "L")
+        self.others = other_kinds(self.tag, name, "L")
 
     def waiter_channel(self, session_id: str) -> str:
         """The wake-up channel of one process (session) waiting for an exclusive lock."""
@@ -164,7 +168,7 @@ class SemKeys:
     def of(cls, prefix: str, name: str) -> SemKeys:
         keys = Keys(prefix, name)
         return cls(sem=keys.sub("sem"), handed=keys.sub("sem:x"), queue=keys.sub("sem:q"),
-                   channel=keys.sub("sem:wake"), others=other_kinds(keys.tag, "S"))
+                   channel=keys.sub("sem:wake"), others=other_kinds(keys.tag, name, "S"))
 
     @property
     def acquire(self) -> Tuple[str, ...]:
@@ -215,7 +219,7 @@ class EventKeys:
     def of(cls, prefix: str, name: str) -> EventKeys:
         keys = Keys(prefix, name)
         return cls(flag=keys.sub("ev"), waiters=keys.sub("ev:w"), channel=keys.sub("ev:wake"),
-                   taken=keys.sub("ev:t"), others=other_kinds(keys.tag, "E"))
+                   taken=keys.sub("ev:t"), others=other_kinds(keys.tag, name, "E"))
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,7 @@ class BarrierKeys:
     def of(cls, prefix: str, name: str) -> BarrierKeys:
         keys = Keys(prefix, name)
         return cls(state=keys.sub("bar"), waiters=keys.sub("bar:w"), broken=keys.sub("bar:x"),
-                   channel=keys.sub("bar:wake"), others=other_kinds(keys.tag, "B"))
+                   channel=keys.sub("bar:wake"), others=other_kinds(keys.tag, name, "B"))
 
     @property
     def all(self) -> Tuple[str, str, str, str]:
@@ -330,7 +334,7 @@ class RWKeys:
             fence=keys.fence,
             writer_channel=keys.channel,
             reader_channel=keys.sub("rw:wake"),
-            others=other_kinds(keys.tag, "W"),
+            others=other_kinds(keys.tag, name, "W"),
         )
 
     def all_keys(self) -> Tuple[str, ...]:

@@ -23,7 +23,6 @@ from typing import Any, Protocol, Tuple
 
 import redis
 
-from .._core.errors import WrongKindError
 from .._core.flow import Flow, Run
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import RENEWED, Granted, Outcome, renewal
@@ -94,9 +93,9 @@ def fair_try(lock: FairLock, session: Session, owner: str, ms: int, count: int, 
             lock._keys.waiter_channel(session.id), entry_lease_ms(s.wait_cap), mode)
     try:
         return int((yield Run("fair_acquire", lock._fair_keys.acquire, args)))
-    except (redis.ResponseError, WrongKindError):
+    except redis.ResponseError:
         raise  # the script did not run, or failed: nothing was granted
-    except BaseException:
+    except BaseException:  # a WrongKindError too: nothing was granted, but the wait leaves the queue
         try:
             yield from fair_leave(lock, nonce)
         except redis.RedisError:

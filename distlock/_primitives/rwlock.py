@@ -364,8 +364,13 @@ class DistWriteLock(_RWSide):
     _strict = True
 
     def _abandon(self, owner: str) -> Flow[None]:
+        """Leave the writers' queue (a wait interrupted or cancelled), waking the readers
+        refused behind this writer when it was the last one waiting: ``rw_write_acquire`` in
+        mode 'l', which is safe to send again."""
+        rw = self._rw
         try:
-            yield Read("ZREM", self._rw.queue, owner)
+            yield Run("rw_write_acquire", (rw.writer, rw.readers, rw.queue, rw.fence, rw.reader_channel),
+                      (owner, 0, 0, "", "l"))
         except redis.RedisError as exc:
             log.debug("distlock: could not leave the writers' queue of %r: %r", self._name, exc)
 

@@ -281,8 +281,8 @@ class DistSemaphore(SessionUser):
         try:
             for _ in range(_MISMATCH_TRIES):
                 outcome = decode_release((yield Run("sem_release", release, args)))
-                if outcome is UNCHECKED:
-                    release = keys.release
+                if outcome is UNCHECKED:  # nothing changed: send it with the other kinds' keys
+                    release, outcome = keys.release, None
                     outcome = decode_release((yield Run("sem_release", release, args)))
                 if outcome is not MISMATCH:
                     break

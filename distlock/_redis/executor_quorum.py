@@ -90,6 +90,10 @@ class _Part:
 #: the reply of a master that did not vote (it has been up for less than one lease)
 _SAT_OUT = QuorumError("up for less than one lease: does not vote yet")
 
+#: what a master that refused the name (another kind there) counts as: it answered, and
+#: refused, as a holder with no known lease would (``lock_acquire``'s -(pttl + 1))
+_REFUSED = -1
+
 
 class QuorumExecutor(FanOut, Executor):
     """Runs the lock's scripts on a quorum of independent masters (see the module's docstring)."""
@@ -179,9 +183,14 @@ class QuorumExecutor(FanOut, Executor):
         done = time.monotonic()
         replies: Dict[int, Any] = {}
         undo: List[int] = []
+        refusals: List[BaseException] = []
         for i, got in out.items():
             reply = got if isinstance(got, BaseException) else got[0]
-            if isinstance(reply, BaseException):
+            if isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith(WRONG_KIND):
+                # the name is another kind there (a name is one lock): an answer, and a no
+                refusals.append(reply)
+                reply = _REFUSED
+            elif isinstance(reply, BaseException):
                 lost = not isinstance(reply, redis.exceptions.ResponseError)
                 if lost and not getattr(reply, "unsent", False) and not getattr(reply, "undone", False):
                     undo.append(i)  # no reply, and no undo behind the try: the try may have run there
@@ -205,8 +214,6 @@ class QuorumExecutor(FanOut, Executor):
         undo += [i for i, r in replies.items() if not isinstance(r, BaseException) and int(r) > 0]
         if undo:
             yield from self._undo(undone, owner, info, undo)
-        refusals = [r for r in replies.values() if isinstance(r, redis.exceptions.ResponseError)
-                    and str(r).startswith(WRONG_KIND)]
         if len(refusals) >= self.required:
             raise refusals[0]  # the name is another kind on a majority (a name is one lock)
         if answered < self.required:

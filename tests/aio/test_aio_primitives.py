@@ -1288,6 +1288,55 @@ def _fence_only(name: str) -> List[str]:
     return [f"distlock:{{{name}}}:fence"]
 
 
+def test_a_cancelled_waiting_writer_wakes_the_readers_refused_behind_it(url: str,
+                                                                        client: redis.Redis) -> None:
+    """A waiting writer keeps new readers out (writer preference). When its wait is cancelled
+    it leaves the queue as a script that, as the last waiting writer, wakes the readers
+    refused behind it: with a wait cap longer than their timeout, only that hint lets them in.
+    (It used to leave with a bare ZREM, and they waited out their timeout.)"""
+    name = _name()
+    distlock.configure(wait_cap=60.0)
+    holder = distlock.DistReadWriteLock(name, client=client).read_lock()
+    assert holder.acquire(blocking=False)
+
+    async def body(ac: Any) -> bool:
+        rw = aio.DistReadWriteLock(name, client=ac)
+        writer = asyncio.ensure_future(rw.write_lock().acquire(timeout=BOUND * 3))
+        await until(lambda: _async(client.zcard(f"distlock:{{{name}}}:rw:q") == 1))
+        async def read_once() -> bool:  # a read hold is its task's: taken and given back here
+            reader = rw.read_lock()
+            got = bool(await reader.acquire(timeout=BOUND))
+            if got:
+                await reader.release()
+            return got
+
+        second = asyncio.ensure_future(read_once())
+        await asyncio.sleep(0.3)  # refused behind the writer, and waiting on its hint
+        assert not second.done()
+        writer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        assert await second
+        return True
+
+    hints = client.pubsub()
+    hints.subscribe(f"distlock:{{{name}}}:rw:wake")  # the readers' channel
+    try:
+        assert run(url, body, bound=BOUND * 2) is True
+        # the hint that let the reader in (not its last try at its timeout)
+        for _ in range(10):
+            message = hints.get_message(timeout=1.0)
+            if message and message["type"] == "message":
+                assert message["data"] == b"*"
+                break
+        else:
+            raise AssertionError("no hint on the readers' channel")
+    finally:
+        hints.close()
+        holder.release()
+    assert keys(client, name) == _fence_only(name)
+
+
 def test_rwlock_readers_share_writers_exclude(url: str, client: redis.Redis) -> None:
     """Tasks take both sides at random: all readers can be inside at once, and no write hold
     overlaps any other hold (each hold recorded on the loop's clock)."""
@@ -1900,12 +1949,13 @@ def test_primitives_of_a_url_client_work(url: str, client: redis.Redis) -> None:
     name = _name()
 
     async def body(ac: Any) -> None:
-        async with aio.DistSemaphore(name, 2, client=url):
-            event = aio.DistEvent(name, client=url)
+        # one name per kind: a name is one lock (docs/guides/kinds.rst)
+        async with aio.DistSemaphore(name + ":sem", 2, client=url):
+            event = aio.DistEvent(name + ":event", client=url)
             await event.set()
-            assert await aio.DistEvent(name, client=ac).is_set() is True  # one event
+            assert await aio.DistEvent(name + ":event", client=ac).is_set() is True  # one event
             await event.clear()
-        barrier = aio.DistBarrier(name, 1, client=url)
+        barrier = aio.DistBarrier(name + ":barrier", 1, client=url)
         assert await barrier.wait() == 0
         cond = aio.DistCondition(name, client=url)
         async with cond:

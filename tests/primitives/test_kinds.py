@@ -159,6 +159,36 @@ def test_a_name_has_no_kind_once_nothing_holds_waits_or_keeps_state(client: Any,
         _take(other, name, client)()
 
 
+@pytest.mark.cluster_too
+def test_a_condition_waited_on_is_a_lock(client: Any) -> None:
+    """A DistCondition's waiter holds no lock while it waits, but the name is a lock's: its
+    wait would take the lock back, so another kind is refused meanwhile."""
+    import threading
+
+    name = f"kcond-{uuid.uuid4().hex[:8]}"
+    cond = distlock.DistCondition(name, client=client)
+
+    def wait() -> None:
+        with cond:
+            cond.wait(30)
+
+    waiting = threading.Thread(target=wait, name="kind-cond-waiter", daemon=True)
+    waiting.start()
+    try:
+        leases, lock = f"distlock:{{{name}}}:cond:l:{name}", f"distlock:{{{name}}}"
+        for _ in range(1000):
+            if client.exists(leases) and not client.exists(lock):  # waiting, the lock released
+                break
+            threading.Event().wait(0.01)
+        with pytest.raises(WrongKindError):
+            distlock.DistSemaphore(name, 1, client=client).acquire(blocking=False)
+    finally:
+        with cond:
+            cond.notify_all()
+        waiting.join(30)
+    assert not waiting.is_alive()
+
+
 def test_a_kind_waited_on_is_a_kind(client: Any) -> None:
     """A name is a kind while it is waited on, not only while held: an event's waiter."""
     import threading
@@ -182,11 +212,11 @@ def test_a_kind_waited_on_is_a_kind(client: Any) -> None:
 
 
 @pytest.mark.cluster_too
-def test_a_release_whose_permits_were_lost_is_refused_on_a_name_now_of_another_kind(
+def test_a_release_beyond_lost_permits_is_refused_on_a_name_now_of_another_kind(
         client: Any) -> None:
-    """A semaphore's own release sends no other kinds' keys; when its permit was lost and the
-    release would make a semaphore again, the script asks for them (nothing changed), and the
-    release, sent again with them, is refused: the name is a lock's now."""
+    """A permit lost with the server's data, the name taken by a lock meanwhile: releasing the
+    lost permit makes nothing and reports the loss, as before; a release beyond the permits
+    held would make a semaphore on the lock's name, and is refused, writing nothing."""
     name = f"klost-{uuid.uuid4().hex[:8]}"
     sem = distlock.DistSemaphore(name, 1, client=client)
     assert sem.acquire(blocking=False)
@@ -195,9 +225,38 @@ def test_a_release_whose_permits_were_lost_is_refused_on_a_name_now_of_another_k
     assert lock.acquire(blocking=False)
     try:
         before = _state(client, name)
+        with pytest.raises(distlock.LockLostError):
+            sem.release()
         with pytest.raises(WrongKindError):
             sem.release()
         assert _state(client, name) == before
     finally:
         lock.release()
     assert not client.exists(f"distlock:{{{name}}}:sem")
+
+
+def test_a_release_of_own_permits_that_would_make_a_semaphore_asks_for_the_kind_keys(
+        client: Any) -> None:
+    """``sem_release`` of the caller's own ids, sent without the other kinds' keys: when there
+    is no semaphore and one id was handed (released on its owner's behalf, so releasing it
+    again counts beyond the permits held), it answers REL_UNCHECKED and changes nothing; with
+    the keys, on a name that is a lock's, it is refused."""
+    from distlock._core.keys import SemKeys
+    from distlock._core.replies import REL_UNCHECKED
+    from distlock._session.session import session_for
+
+    name = f"kask-{uuid.uuid4().hex[:8]}"
+    keys = SemKeys.of("distlock:", name)
+    session = session_for(client)
+    client.zadd(keys.handed, {"me:1:1": 2 ** 50})
+    lock = distlock.DistLock(name, client=client)
+    assert lock.acquire(blocking=False)
+    try:
+        before = _state(client, name)
+        assert session.run("sem_release", keys.release_own, (1, "0", 1, "me:1:1")) == REL_UNCHECKED
+        with pytest.raises(Exception, match="DISTLOCK_WRONGKIND L S"):
+            session.run("sem_release", keys.release, (1, "0", 1, "me:1:1"))
+        assert _state(client, name) == before
+    finally:
+        lock.release()
+        client.delete(keys.handed)

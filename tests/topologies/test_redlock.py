@@ -390,3 +390,23 @@ def test_a_name_that_a_majority_of_masters_keeps_as_another_kind_is_refused(
     finally:
         for sem in sems:
             sem.release()
+
+
+def test_a_minority_that_refuses_the_name_votes_no_and_does_not_count_as_down(
+        redlock: Any, redlock_clients: list) -> None:
+    """Two of five masters keep the name as a semaphore and two are down: the one that grants
+    is short of a quorum, and the two refusals are answers (no), so the try is refused (False),
+    not a QuorumError as if four masters were down."""
+    name = _name("kind-minority")
+    sems = [distlock.DistSemaphore(name, 1, client=redlock.admin(i)) for i in (0, 1)]
+    for sem in sems:
+        assert sem.acquire(blocking=False)
+    redlock.kill(3)
+    redlock.kill(4)
+    try:
+        lock = DistLock(name, client=redlock_clients)
+        assert lock.acquire(blocking=False) is False
+        assert not lock.owned() and _holders(redlock, lock) == []
+    finally:
+        for sem in sems:
+            sem.release()

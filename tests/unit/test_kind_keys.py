@@ -52,12 +52,12 @@ def test_locks_and_read_write_locks_are_the_only_kinds_that_share() -> None:
 
 def test_each_primitive_sends_the_other_kinds_keys_of_its_own_name() -> None:
     keys = Keys("distlock:", "n}{%")
-    assert keys.others == other_kinds(keys.tag, "L")
+    assert keys.others == other_kinds(keys.tag, "n}{%", "L")
     assert all(k.startswith(keys.tag) for k in keys.others)
-    assert RWKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "W")
-    assert SemKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "S")
-    assert EventKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "E")
-    assert BarrierKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "B")
+    assert RWKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "n}{%", "W")
+    assert SemKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "n}{%", "S")
+    assert EventKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "n}{%", "E")
+    assert BarrierKeys.of("distlock:", "n}{%").others == other_kinds(keys.tag, "n}{%", "B")
     # a kind's own keys are what the other kinds look for
     assert keys.lock in SemKeys.of("distlock:", "n}{%").others
     assert keys.queue in EventKeys.of("distlock:", "n}{%").others

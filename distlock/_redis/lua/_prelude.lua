@@ -182,7 +182,7 @@ local function wrong_kind(this, others, first)
   if not KEYS[first] then
     return nil
   end
-  local COUNT = {L = 3, W = 3, S = 2, E = 3, B = 2}
+  local COUNT = {L = 4, W = 3, S = 2, E = 3, B = 2}
   local last = first - 1
   for i = 1, #others do
     last = last + COUNT[string.sub(others, i, i)]

@@ -5,7 +5,7 @@
 -- KEYS[2]  readers: sorted set, '<owner>#<token>' -> lease deadline (server ms)
 -- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
 -- KEYS[4]  fence: last token granted for this name
--- KEYS[5]  readers' wake-up channel (used in mode 'x' only)
+-- KEYS[5]  readers' wake-up channel (used in modes 'x' and 'l' only)
 -- KEYS[6...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
@@ -14,17 +14,37 @@
 -- ARGV[4]  holder info (host:pid)
 -- ARGV[5]  mode: absent or '' try once, never queue; 'q' first try of a wait: queue if refused;
 --          'w' later try of a wait: queue (refresh the entry) if refused, leave the queue if
---          granted; 'x' last try of a wait: leave the queue either way; otherwise the token of
---          the hold the caller believes it has (re-entry)
+--          granted; 'x' last try of a wait: leave the queue either way; 'l' no try: leave the
+--          queue only (a wait interrupted or cancelled); otherwise the token of the hold the
+--          caller believes it has (re-entry)
 -- ARGV[6]  modes 'q' and 'w': the queue entry's lease, ms (ignored otherwise)
 -- ARGV[7]  count to add; absent means 1 (the saved count for _acquire_restore())
--- return   token (> 0) when granted or re-entered;
+-- return   token (> 0) when granted or re-entered; 0 after 'l';
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(bound + 1) (<= -1) when refused: another writer holds it (bound = its PTTL) or
 --          readers do (bound = ms until the earliest live reader's lease runs out).
 -- A writer that leaves the queue as the last live waiting writer wakes the readers.
---@ uses next_token lengthen_hold held_reply wrong_kind
+--@ uses next_token lengthen_hold held_reply wrong_kind now_ms
 local owner, lease, mode, count = ARGV[1], tonumber(ARGV[2]), ARGV[5] or '', ARGV[7] or '1'
+
+-- Leave the queue, as the last live waiting writer waking the readers refused behind it (as
+-- a refused 'x' does below). Safe to send again: once out, it changes nothing.
+local function leave_queue()
+  if redis.call('zrem', KEYS[3], owner) == 1 and
+      redis.call('zcount', KEYS[3], '(' .. string.format('%.0f', now_ms()), '+inf') == 0 then
+    redis.call('del', KEYS[3])
+    if redis.call('exists', KEYS[1]) == 0 then
+      redis.call('publish', KEYS[5], '*')
+    else
+      redis.call('hset', KEYS[1], ':r', 1)  -- readers refused behind us: wake them later
+    end
+  end
+end
+
+if mode == 'l' then
+  leave_queue()
+  return 0
+end
 if mode ~= '' and mode ~= 'q' and mode ~= 'w' and mode ~= 'x' then
   local f = redis.call('hmget', KEYS[1], owner, ':t')
   if not f[1] or f[2] ~= mode then
@@ -40,6 +60,9 @@ end
 
 local wrong = wrong_kind('W', 'SEB', 6)  -- a name is one lock
 if wrong then
+  if mode == 'x' then
+    leave_queue()  -- a last try leaves the queue whatever its answer
+  end
   return wrong
 end
 local now = nil
@@ -75,15 +98,8 @@ if refused ~= nil then
     if redis.call('pttl', KEYS[3]) < wait then
       redis.call('pexpire', KEYS[3], wait)
     end
-  elseif mode == 'x' and redis.call('zrem', KEYS[3], owner) == 1 then
-    if redis.call('zcount', KEYS[3], '(' .. string.format('%.0f', clock()), '+inf') == 0 then
-      redis.call('del', KEYS[3])
-      if redis.call('exists', KEYS[1]) == 0 then
-        redis.call('publish', KEYS[5], '*')
-      else
-        redis.call('hset', KEYS[1], ':r', 1)  -- readers refused behind us: wake them later
-      end
-    end
+  elseif mode == 'x' then
+    leave_queue()
   end
   return refused
 end

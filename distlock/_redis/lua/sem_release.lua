@@ -47,15 +47,27 @@ if recorded and recorded ~= value then
   return -2
 end
 if not recorded then
-  -- no semaphore here: this release would make one (its count raised), unless the name is
-  -- another kind's (a name is one lock). A holder's release gets here only when its permits
-  -- were lost; it sends no other kinds' keys (its usual release needs none): ask for them.
-  if not KEYS[5] then
-    return -4
+  -- No semaphore here (every id given is lost). The release makes one (its count raised)
+  -- when it releases more than the ids it names, or one of them was handed (released on its
+  -- owner's behalf: releasing it again counts beyond the permits held); unless the name is
+  -- another kind's (a name is one lock). A release of one's own permits sends no other
+  -- kinds' keys (its usual path needs none): ask for them, having changed nothing.
+  local creates = tonumber(ARGV[3]) > #ARGV - 3
+  for i = 4, #ARGV do
+    if creates then
+      break
+    end
+    local score = redis.call('zscore', KEYS[2], ARGV[i])
+    creates = score ~= false and tonumber(score) > (sem_now())
   end
-  local wrong = wrong_kind('S', 'LWEB', 5)
-  if wrong then
-    return wrong
+  if creates then
+    if not KEYS[5] then
+      return -4
+    end
+    local wrong = wrong_kind('S', 'LWEB', 5)
+    if wrong then
+      return wrong
+    end
   end
 end
 local live = 0
