@@ -153,10 +153,13 @@ class Watchdog:
                 self._ensure_locked()
 
     def run_timed_now(self) -> None:
-        """Run every task deferred to later, now, in the caller's thread (interpreter exit:
-        the next waiter is woken before the process goes)."""
+        """Run every task deferred (``defer``, not yet handed to the chores worker) or deferred
+        to later (``defer_at``), now, in the caller's thread (interpreter exit: the next waiter
+        is woken, and a woken event waiter's entry taken out, before the process goes)."""
         with self.mutex:
-            tasks = [task for _, _, task in sorted(self._timed, key=lambda t: t[:2])]
+            tasks = list(self._deferred)
+            self._deferred.clear()
+            tasks += [task for _, _, task in sorted(self._timed, key=lambda t: t[:2])]
             self._timed.clear()
         for task in tasks:
             try:

@@ -147,25 +147,25 @@ def test_the_watchdogs_twin_is_a_sentinel_client_of_its_own(sentinel_set: Sentin
 
 def test_every_primitive_works_through_a_sentinel_client(sentinel_client: Any) -> None:
     client = sentinel_client
-    name = _name("all")
+    name = _name("all")  # one name per kind (a name is one lock: docs/guides/kinds.rst)
     with distlock.DistLock(name, client=client), distlock.DistRLock(name + "r", client=client):
         pass
-    rw = distlock.DistReadWriteLock(name, client=client)
+    rw = distlock.DistReadWriteLock(name + ":rw", client=client)
     with rw.read_lock():
         pass
     with rw.write_lock():
         pass
-    sem = distlock.DistBoundedSemaphore(name, 2, client=client)
+    sem = distlock.DistBoundedSemaphore(name + ":sem", 2, client=client)
     assert sem.acquire() and sem.acquire() and not sem.acquire(blocking=False)
     sem.release()
     sem.release()
-    event = distlock.DistEvent(name, client=client)
+    event = distlock.DistEvent(name + ":event", client=client)
     threading.Timer(0.2, event.set).start()
     assert event.wait(BOUND)
     cond = distlock.DistCondition(name, client=client)
     with cond:
         assert cond.wait_for(lambda: True, 1)
-    barrier = distlock.DistBarrier(name, 2, client=client)
+    barrier = distlock.DistBarrier(name + ":barrier", 2, client=client)
     results: List[int] = []
     helper = threading.Thread(target=lambda: results.append(barrier.wait(BOUND)))
     helper.start()
@@ -221,7 +221,7 @@ def test_asyncio_sentinel_clients_work_and_keep_holds_in_a_blocking_twin(
         aclient = sentinel_set.aclient()
         try:
             lock = aio.DistLock(name, client=aclient)
-            sem = aio.DistSemaphore(name, 2, client=aclient)
+            sem = aio.DistSemaphore(name + ":sem", 2, client=aclient)  # a name is one lock
             async with lock:
                 assert DistLock(name, client=sentinel_client).locked()
                 async with sem:
