@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 import redis
-from _support import kill, read_line
+from _support import kill, read_line, settle
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock, LockLostError, configure
@@ -466,7 +466,7 @@ def test_status_list_run_and_release_know_every_kind(url: str, client: redis.Red
                               name="kinds-lock-waiter", daemon=True)
     waiter.start()
     try:
-        assert _wait_for(lambda: client.exists("distlock:{kinds:lock}:q"), 10)
+        assert settle(lambda: client.exists("distlock:{kinds:lock}:q"), 10)
         shown = cli("status", "kinds:sem", "kinds:event", "kinds:barrier", "kinds:lock", "--url", url)
         assert shown.returncode == 0, shown.stderr
         out = shown.stdout
@@ -495,14 +495,6 @@ def test_status_list_run_and_release_know_every_kind(url: str, client: redis.Red
         barrier.reset()
     assert "nothing held, waited on or set matches" in cli("list", "kinds:*", "--url", url).stdout
 
-
-def _wait_for(predicate: Any, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.mark.real_redis
