@@ -248,10 +248,16 @@ class Session:
                 log.warning("distlock: could not release %s at exit: %r", hold.key, exc)
             self.watchdog.drop(hold)
         self.watchdog.run_timed_now()
+        # and the clean-ups already handed to the chores worker (closing would drop them)
+        self.watchdog.chores.flush(2.0)
 
     def close(self, join: bool = True) -> None:
         """Stop this session's threads (``join``: and wait for them) and close the connections
         it opened. Holds are not released: what is still held ends with its lease."""
+        if join and not self.closed:
+            # the clean-ups already handed to the chores worker (an event waiter's entry, a
+            # barrier party's last look): closing would drop them, leaving them to expire
+            self.watchdog.chores.flush(1.0)
         self.closed = True
         self.watchdog.close(join)
         self.dispatcher.close(join)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 from typing import Callable, Deque, Optional
 
 __all__ = ["Worker", "IDLE_EXIT"]
@@ -68,6 +69,12 @@ class Worker:
                 log.exception("distlock: %s: a job failed", self.name)
             finally:
                 self._running = False
+
+    def flush(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until the jobs queued so far have run."""
+        deadline = time.monotonic() + timeout
+        while self.busy and time.monotonic() < deadline:
+            time.sleep(0.002)
 
     def close(self, join: bool, timeout: float = 3.0) -> None:
         """No more jobs; ``join``: wait (at most ``timeout``) for the one running to end."""
