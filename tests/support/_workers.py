@@ -57,6 +57,12 @@ def hold_until_killed(url: str, kind: str, name: str, lease: Optional[float], co
                 lock.release()
                 conn.send(("released", bool(lost)))
             except distlock.LockLostError as exc:
+                # on_lost is told by the thread that found the loss (the release's, or the
+                # watchdog's at the local deadline, which a process just woken from SIGSTOP
+                # may not have reached yet): give it a moment
+                deadline = time.monotonic() + 5.0
+                while not lost and time.monotonic() < deadline:
+                    time.sleep(0.01)
                 conn.send(("LockLostError", bool(lost), str(exc)))
             except Exception as exc:  # noqa: BLE001 - reported to the test
                 conn.send((type(exc).__name__, bool(lost), str(exc)))
