@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Tuple
 
@@ -170,17 +171,19 @@ class SemKeys:
         return cls(sem=keys.sub("sem"), handed=keys.sub("sem:x"), queue=keys.sub("sem:q"),
                    channel=keys.sub("sem:wake"), others=other_kinds(keys.tag, name, "S"))
 
-    @property
+    # The KEYS tuples are made once per primitive, not per call: they are on every round trip.
+
+    @functools.cached_property
     def acquire(self) -> Tuple[str, ...]:
         """KEYS of ``sem_acquire``."""
         return (self.sem, self.queue, self.channel, *self.others)
 
-    @property
+    @functools.cached_property
     def release(self) -> Tuple[str, ...]:
         """KEYS of ``sem_release`` beyond the caller's own permits (it may make a semaphore)."""
         return (self.sem, self.handed, self.queue, self.channel, *self.others)
 
-    @property
+    @functools.cached_property
     def release_own(self) -> Tuple[str, str, str, str]:
         """KEYS of ``sem_release`` of the caller's own permits: without the other kinds' keys,
         which only a release that makes a semaphore checks (it answers ``REL_UNCHECKED``)."""
@@ -220,6 +223,21 @@ class EventKeys:
         keys = Keys(prefix, name)
         return cls(flag=keys.sub("ev"), waiters=keys.sub("ev:w"), channel=keys.sub("ev:wake"),
                    taken=keys.sub("ev:t"), others=other_kinds(keys.tag, name, "E"))
+
+    @functools.cached_property
+    def set(self) -> Tuple[str, ...]:
+        """KEYS of ``ev_set``."""
+        return (self.flag, self.waiters, self.channel, self.taken, *self.others)
+
+    @functools.cached_property
+    def join(self) -> Tuple[str, ...]:
+        """KEYS of ``ev_wait``'s join (it gives the name its kind)."""
+        return (self.flag, self.waiters, self.taken, *self.others)
+
+    @functools.cached_property
+    def look(self) -> Tuple[str, str, str]:
+        """KEYS of ``ev_wait``'s look and leave."""
+        return (self.flag, self.waiters, self.taken)
 
 
 @dataclass(frozen=True)
@@ -264,6 +282,12 @@ class BarrierKeys:
     def all(self) -> Tuple[str, str, str, str]:
         """The keys in the order every ``bar_*`` script takes them."""
         return (self.state, self.waiters, self.broken, self.channel)
+
+    @functools.cached_property
+    def checked(self) -> Tuple[str, ...]:
+        """``all``, then the other kinds' keys: KEYS of ``bar_wait`` and of ``bar_reset``'s
+        abort, which give the name its kind."""
+        return (self.state, self.waiters, self.broken, self.channel, *self.others)
 
 
 
@@ -336,6 +360,21 @@ class RWKeys:
             reader_channel=keys.sub("rw:wake"),
             others=other_kinds(keys.tag, name, "W"),
         )
+
+    @functools.cached_property
+    def read_acquire(self) -> Tuple[str, ...]:
+        """KEYS of ``rw_read_acquire``."""
+        return (self.writer, self.readers, self.queue, self.fence, *self.others)
+
+    @functools.cached_property
+    def write_leave(self) -> Tuple[str, str, str, str, str]:
+        """KEYS of ``rw_write_acquire`` for leaving the queue (mode 'l')."""
+        return (self.writer, self.readers, self.queue, self.fence, self.reader_channel)
+
+    @functools.cached_property
+    def write_acquire(self) -> Tuple[str, ...]:
+        """KEYS of ``rw_write_acquire`` for a try (the other kinds' keys last)."""
+        return (*self.write_leave, *self.others)
 
     def all_keys(self) -> Tuple[str, ...]:
         """Every data key (not the channels), the fence included."""

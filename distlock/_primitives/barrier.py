@@ -234,7 +234,7 @@ class DistBarrier(SessionUser):
         self._seen = (False, 0)
 
     def _abort_flow(self) -> Flow[None]:
-        yield Run("bar_reset", (*self._keys.all, *self._keys.others), ("a", self._parties, self._keep()))
+        yield Run("bar_reset", self._keys.checked, ("a", self._parties, self._keep()))
         self._seen = (True, 0)
 
     # --- the machinery ------------------------------------------------------------------------
@@ -245,7 +245,7 @@ class DistBarrier(SessionUser):
         return broken_keep_ms(cfg.lease, cfg.wait_cap, cfg.queue_cap_factor)
 
     def _arrive(self, wid: str, ms: int, keep: int) -> Flow[Tuple[int, int, int]]:
-        reply = yield Run("bar_wait", (*self._keys.all, *self._keys.others),
+        reply = yield Run("bar_wait", self._keys.checked,
                        (wid, ms, self._parties, "1" if self._action else "0", keep))
         return int(reply[0]), int(reply[1]), int(reply[2])
 

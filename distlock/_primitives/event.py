@@ -125,7 +125,7 @@ class DistEvent(SessionUser):
 
     def _set_flow(self) -> Flow[None]:
         keys = self._keys
-        yield Run("ev_set", (keys.flag, keys.waiters, keys.channel, keys.taken, *keys.others), ())
+        yield Run("ev_set", keys.set, ())
         self._seen = True
 
     def _clear_flow(self) -> Flow[None]:
@@ -147,9 +147,8 @@ class DistEvent(SessionUser):
     def _call(self, wid: str, mode: str, ms: int, known: int) -> Flow[int]:
         keys = self._keys
         if mode == "j":  # a join gives the name its kind: the other kinds' keys go too
-            return int((yield Run("ev_wait", (keys.flag, keys.waiters, keys.taken, *keys.others),
-                                  (wid, mode, ms))))
-        return int((yield Run("ev_wait", (keys.flag, keys.waiters, keys.taken), (wid, mode, ms, known))))
+            return int((yield Run("ev_wait", keys.join, (wid, mode, ms))))
+        return int((yield Run("ev_wait", keys.look, (wid, mode, ms, known))))
 
     def _consume(self, session: Session, wid: str, ms: int, known: int) -> None:
         """Take our entry out of the set()'s ``taken`` set, so nothing is left behind. The hint

@@ -251,7 +251,7 @@ class DistReadLock(_RWSide):
                       reentry_token: str, waiter: Optional[Waiter] = None, queue_ms: int = 0,
                       queued: bool = False) -> Flow[int]:
         rw = self._rw  # the depth (count) of a read hold is kept here only: see RWKeys
-        keys = (rw.writer, rw.readers, rw.queue, rw.fence, *rw.others)
+        keys = rw.read_acquire
         args = (owner, ms, ms + settings().fence_retention_ms, reentry_token, session.info)
         acks = None if reentry_token else self._acks()  # a re-entry is no grant
         try:
@@ -367,10 +367,8 @@ class DistWriteLock(_RWSide):
         """Leave the writers' queue (a wait interrupted or cancelled), waking the readers
         refused behind this writer when it was the last one waiting: ``rw_write_acquire`` in
         mode 'l', which is safe to send again."""
-        rw = self._rw
         try:
-            yield Run("rw_write_acquire", (rw.writer, rw.readers, rw.queue, rw.fence, rw.reader_channel),
-                      (owner, 0, 0, "", "l"))
+            yield Run("rw_write_acquire", self._rw.write_leave, (owner, 0, 0, "", "l"))
         except redis.RedisError as exc:
             log.debug("distlock: could not leave the writers' queue of %r: %r", self._name, exc)
 
@@ -379,7 +377,7 @@ class DistWriteLock(_RWSide):
                       queued: bool = False) -> Flow[int]:
         rw = self._rw
         mode = write_acquire_mode(reentry_token, queue_ms, queued)
-        keys = (rw.writer, rw.readers, rw.queue, rw.fence, rw.reader_channel, *rw.others)
+        keys = rw.write_acquire
         args = write_acquire_args(owner, ms, ms + settings().fence_retention_ms, session.info,
                                   mode, queue_ms, count)
         acks = None if reentry_token else self._acks()  # a re-entry is no grant
