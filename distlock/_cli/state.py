@@ -154,7 +154,7 @@ def describe(state: LockState) -> List[str]:
         last = f"last token {state.token}" if state.token is not None else "never granted"
         return [f"{state.name}: free ({last})"]
     lease = "no expiry" if state.lease_ms is None else f"lease {state.lease_ms / 1000:.1f} s left"
-    if state.kind in ("DistSemaphore", "DistEvent", "DistBarrier"):
+    if state.kind in NOT_LOCKS:
         what = "held" if state.kind == "DistSemaphore" and state.held else "in use"
         head = f"{state.name}: {what}, {state.kind}"
         if state.kind == "DistSemaphore" and state.held:
