@@ -308,6 +308,21 @@ def _try(lock: Any, timeout: float) -> bool:
     return got
 
 
+def _renewed(master: Any, key: str, bound: float) -> bool:
+    """Whether a renewal reaches ``key`` on ``master`` within ``bound`` seconds: its TTL goes
+    up between two reads. (Not "above the first read": a first read made right after a
+    renewal is the highest the TTL ever gets, and a CI run met exactly that.)"""
+    deadline = time.monotonic() + bound
+    last = master.pttl(key)
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        now = master.pttl(key)
+        if now > last:
+            return True
+        last = now
+    return False
+
+
 def test_a_replicated_hold_survives_the_failover_and_its_renewals_follow_the_master(
         sentinel_set: SentinelSet, sentinel_client: Any) -> None:
     """SIGKILL the master under a held lock that both replicas have, with a lease longer than
@@ -342,8 +357,7 @@ def test_a_replicated_hold_survives_the_failover_and_its_renewals_follow_the_mas
         master = sentinel_set.node_client(new)
         try:
             assert master.exists(key)
-            first = master.pttl(key)
-            assert _until(lambda: master.pttl(key) > first, 10), "no renewal on the new master"
+            assert _renewed(master, key, 10.0), "no renewal on the new master"
             assert not lost_at and lock.owned()
             assert not outcome or outcome[0] is not True, "a second holder: the waiter"
             if not outcome:  # still waiting: its pub/sub connection followed the master
@@ -543,12 +557,9 @@ def test_asyncio_holds_follow_the_master(sentinel_set: SentinelSet, sentinel_cli
             master = sentinel_set.node_client(sentinel_set.master_addr())
             try:
                 key = _lock_key(name)
-                first = master.pttl(key)
-                for _ in range(500):
-                    if master.pttl(key) > first:
-                        break
-                    await asyncio.sleep(0.02)
-                assert master.pttl(key) > first, "no renewal on the new master"
+                renewed = await asyncio.get_running_loop().run_in_executor(
+                    None, _renewed, master, key, 10.0)
+                assert renewed, "no renewal on the new master"
             finally:
                 master.close()
             await lock.release()
@@ -577,12 +588,16 @@ def test_a_demoted_master_is_an_error_never_a_silent_false(sentinel_set: Sentine
     sentinel_set.wait_promotion(old)
     assert _until(lambda: sentinel_set.role(old) == "slave", BOUND)
     outcomes = []
-    for _ in range(3):
+    deadline = time.monotonic() + BOUND
+    while time.monotonic() < deadline:
         try:
             outcomes.append(lock.acquire(blocking=False))
             break
-        except redis.ConnectionError as exc:
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # a timeout too: the demoted master, resyncing from the new one on a loaded
+            # machine, may answer late (an error all the same, which is the point)
             outcomes.append(type(exc).__name__)
+            time.sleep(0.1)
     assert outcomes[-1] is True, outcomes
     assert False not in outcomes
     lock.release()
