@@ -291,10 +291,16 @@ class DistSemaphore(SessionUser):
                     raise ValueError(value_mismatch(self._name, stored, self._initial))
             if outcome is MISMATCH:  # pragma: no cover - the state vanished at every look
                 raise ValueError(value_mismatch(self._name, "another value", self._initial))
-        except BaseException:
+        except BaseException as exc:
             for hold in holds:
                 hold.releasing = False
-            if outcome is None:  # the server may or may not have run it: stop renewing those
+            if outcome is None:
+                # Its reply was lost (or it was never sent): read whether it ran, and finish
+                # it if not, so that the permits are not left held until their lease runs out
+                # (as a lock's release does, lost.py). What cannot be read: stop renewing
+                # them, so that, at worst, they end with their lease.
+                if isinstance(exc, redis.RedisError) and ids and len(ids) == count:
+                    yield from _settle_lost_release(keys.sem, ids, release, args)
                 for hold in holds:
                     session.drop_hold(hold)
             raise
@@ -513,3 +519,16 @@ class _SemWaiting(Waiting):
 
 def _notify_lost(sem: DistSemaphore) -> None:
     sem._fire_lost()
+
+
+def _settle_lost_release(key: str, ids: List[str], release: Tuple[str, ...],
+                         args: Tuple[Any, ...]) -> Flow[None]:
+    """A release of the caller's own permits ``ids`` lost its reply: one read tells whether it
+    ran (the script is atomic: all of them are gone, or none). If none is gone, send it once
+    more; its outcome is then the release's. Errors here are the caller's: it stops renewing."""
+    try:
+        scores = yield Read("ZMSCORE", key, *ids)
+        if scores is not None and all(score is not None for score in scores):
+            yield Run("sem_release", release, args)
+    except redis.RedisError:
+        pass
