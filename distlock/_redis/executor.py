@@ -46,7 +46,7 @@ import redis
 from redis.commands.core import Script
 
 from .._core.settings import settings
-from .clients import renewer
+from .clients import DEFAULT_IO_TIMEOUT, renewer
 from .direct import closed_idle, disconnect_quietly, pair_sender, sender, taker, unbounded
 from .failpoints import FailPoints
 from .scripts import locate, script_names, script_source
@@ -81,6 +81,7 @@ class Executor:
         self._gate_cond = threading.Condition(threading.Lock())
         self._gate_waiting = 0
         self._renewer: Any = None  # (renew interval, client), made on the first renewal
+        self._bounded: Any = None  # what ``batch`` sends through, made on its first use
         #: sockets of the watchdog's connection already reported closed (``renewal_reset``)
         self._reset_seen: weakref.WeakSet[Any] = weakref.WeakSet()
         #: scripts loaded before their first run with ``acks`` (see ``run``)
@@ -192,8 +193,20 @@ class Executor:
         return self.client.execute_command(*command)
 
     def batch(self) -> Batch:
-        """A pipeline on the executor's own connections."""
-        return Batch(self.scripts, self.client)
+        """A pipeline on the executor's own connections; where those have no socket timeout,
+        on a twin of them whose every command gives up after ``DEFAULT_IO_TIMEOUT`` (every
+        round trip distlock makes is bounded, docs/safety.rst)."""
+        return Batch(self.scripts, self._bounded_client())
+
+    def _bounded_client(self) -> Any:
+        made = self._bounded
+        if made is None:
+            with self._gate_cond:
+                made = self._bounded
+                if made is None:
+                    twin = renewer(self.client, DEFAULT_IO_TIMEOUT) if self._unbounded else None
+                    made = self._bounded = self.client if twin is None else twin
+        return made
 
     def renewal_batch(self) -> Batch:
         """A pipeline on the watchdog's own connection (see the module's docstring); it is
@@ -245,7 +258,11 @@ class Executor:
         return 0.0
 
     def close(self) -> None:
-        """The session is retired: close what the executor opened itself (nothing here)."""
+        """The session is retired: close what the executor opened itself (the bounded twin
+        of ``batch``, if it made one)."""
+        made, self._bounded = self._bounded, None
+        if made is not None and made is not self.client:
+            disconnect_quietly(made)
 
     def drop_renewal(self) -> None:
         """Close the watchdog's own connection (it is made again when needed)."""

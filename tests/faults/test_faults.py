@@ -458,6 +458,33 @@ def test_5_client_without_socket_timeout_cannot_hang(client: Any, proxy: FaultPr
 
 
 @pytest.mark.real_redis
+def test_5_a_batch_on_a_client_without_socket_timeout_cannot_hang(client: Any, proxy: FaultProxy) -> None:
+    """The executor's pipelines (a read hold's check, which ``distlock run --shared`` makes
+    every second) go through a twin bounded by DEFAULT_IO_TIMEOUT when the client's own
+    connections have no socket timeout: in a blackhole they raise, they do not wait for ever."""
+    from distlock._redis.clients import DEFAULT_IO_TIMEOUT
+    from distlock._session.session import session_for
+
+    unbounded = proxy.client(socket_timeout=None, socket_connect_timeout=None,
+                             retry=Retry(NoBackoff(), 0))
+    try:
+        executor = session_for(unbounded).executor
+        batch = executor.batch()
+        batch.command("PING")
+        assert batch.execute() == [True]
+        proxy.blackhole()
+        batch = executor.batch()
+        batch.command("PING")
+        worker = start(batch.execute).finish(60)
+        assert worker.elapsed <= 2 * DEFAULT_IO_TIMEOUT + SLACK, worker.elapsed
+        assert isinstance(worker.error, (redis.exceptions.ConnectionError,
+                                         redis.exceptions.TimeoutError)), repr(worker.error)
+    finally:
+        proxy.heal()
+        unbounded.close()
+
+
+@pytest.mark.real_redis
 @pytest.mark.parametrize("kind", KINDS)
 def test_5_watchdog_reports_a_lease_lost_in_a_blackhole(client: Any, proxy: FaultProxy, kind: str) -> None:
     """The holder's link to Redis goes silent: its watchdog's renewals time out (they have their
