@@ -191,7 +191,8 @@ def confirmed() -> None:
 
 
 
-def _lock_belief(lock: Any, rival: Any) -> Callable[[], Tuple[bool, Callable[[], bool]]]:
+def _tries(rival: Any) -> Callable[[], bool]:
+    """A rival's single try: True when it got it (and let go again at once)."""
     def rival_try() -> bool:
         try:
             got = rival.acquire(blocking=False)
@@ -200,6 +201,11 @@ def _lock_belief(lock: Any, rival: Any) -> Callable[[], Tuple[bool, Callable[[],
         if got:
             rival.release()
         return bool(got)
+    return rival_try
+
+
+def _lock_belief(lock: Any, rival: Any) -> Callable[[], Tuple[bool, Callable[[], bool]]]:
+    rival_try = _tries(rival)
     return lambda: (bool(lock.owned()), rival_try)
 
 
@@ -285,16 +291,7 @@ def semaphore_scenario(cls: str) -> Callable[[Run], None]:
         env, name = run.env, run.name
         sem = env.make(cls, name, value=1)
         env.arm(sem, run.points)
-        rival = env.rival(cls, name, value=1)
-
-        def rival_try() -> bool:
-            try:
-                got = rival.acquire(blocking=False)
-            except STEP_ERRORS:
-                return False
-            if got:
-                rival.release()
-            return bool(got)
+        rival_try = _tries(env.rival(cls, name, value=1))
         run.believes(lambda: (sem.valid_for() > 0, rival_try))
         try:
             if run.step("acquire", lambda: sem.acquire(timeout=2.0)) is True:
