@@ -62,7 +62,7 @@ class Env:
     def __init__(self, shell: str, clients: Callable[[], Any], look: List[Any],
                  runner: Optional[AioRunner] = None, aclients: Optional[Callable[[], Any]] = None) -> None:
         self.shell = shell
-        self._look = look  # blocking clients that see every key (one per Redlock master)
+        self.look = look  # blocking clients that see every key (one per Redlock master)
         self._runner = runner
         self._made: List[Any] = []
         if shell == "async":
@@ -119,7 +119,7 @@ class Env:
 
     def keys(self, name: str) -> List[str]:
         found = set()
-        for c in self._look:
+        for c in self.look:
             found.update(k.decode() if isinstance(k, bytes) else k for k in c.keys(f"distlock:{{{name}}}*"))
         return sorted(found)
 
@@ -381,8 +381,41 @@ SCENARIOS: Dict[str, Callable[[Run], None]] = {
     "DistEvent": event_scenario,
     "DistBarrier": barrier_scenario,
 }
-#: what takes a list of masters (docs/guides/redlock.rst)
-REDLOCK = ("DistLock", "DistRLock")
+
+
+def undo_scenario(run: Run) -> None:
+    """Redlock only: someone else holds masters 1 to 3, so a try grants on 0 and 4 only, fails,
+    and is undone there (``lock_undo``). Whatever fails, the undo leaves nothing on 0 and 4, and
+    the other holder keeps its three."""
+    env, name = run.env, run.name
+    key = f"distlock:{{{name}}}"
+    masters = env.look
+    for admin in masters[1:4]:
+        admin.hset(key, mapping={"someone:else": 1, ":t": 7})
+        admin.pexpire(key, 60_000)
+    lock = env.make("DistLock", name)
+    env.arm(lock, run.points)
+    try:
+        if run.step("acquire without a quorum", lambda: lock.acquire(blocking=False)) is True:
+            run.problems.append("granted without a quorum")
+        env.activate(None)
+        for i in (0, 4):
+            deadline = time.monotonic() + SETTLE
+            while masters[i].exists(key) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if masters[i].exists(key):
+                run.problems.append(f"the failed try's grant stayed on master {i}")
+        if [m.hget(key, "someone:else") for m in masters[1:4]] != [b"1"] * 3:
+            run.problems.append("the other holder's hold was touched")
+    finally:
+        env.activate(None)
+        for admin in masters[1:4]:
+            admin.delete(key)
+
+
+#: what takes a list of masters (docs/guides/redlock.rst), and what only a quorum does
+REDLOCK = ("DistLock", "DistRLock", "DistLock.undo")
+SCENARIOS_REDLOCK = {**SCENARIOS, "DistLock.undo": undo_scenario}
 
 
 # --- the sweep ---------------------------------------------------------------------------------
@@ -481,7 +514,7 @@ def runner(shell: str) -> Iterator[Optional[AioRunner]]:
 
 def _check(env: Env, which: str) -> None:
     try:
-        fired, problems = sweep(env, SCENARIOS[which])
+        fired, problems = sweep(env, SCENARIOS_REDLOCK[which])
     finally:
         env.close()
     assert fired, "no failpoint fired"
