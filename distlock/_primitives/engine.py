@@ -9,6 +9,7 @@ goes through one ``finally``: a grant, a timeout, a hint that named the waiter, 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Optional
 
@@ -52,9 +53,14 @@ class Waiting:
         registered (as a hold) before it returns."""
         raise NotImplementedError
 
+    #: the session the wait runs in: a wait cut short by a connection error leaves its
+    #: queues from there, off the caller's path (see ``waiting_flow``)
+    _session: Any = None
+
     def abandon(self) -> Flow[None]:
-        """Interrupted while waiting, with the server reachable: leave any queue now (one
-        round trip; otherwise entries run out by themselves). A flow."""
+        """Interrupted while waiting: leave any queue (one round trip; entries that cannot be
+        taken off run out by themselves). A flow, run inline, or after a connection error on
+        the session's chores worker (``waiting_flow``)."""
         return
         yield
 
@@ -88,8 +94,11 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
 
     Return what the final outcome means: True for a grant, the value of ``Done``, ``named()``
     or ``timed_out()``; raise the error of ``Failed``. An exception while waiting propagates
-    after ``abandon()`` (unless the server could not be reached: the caller's entries then
-    run out by themselves).
+    after ``abandon()``; after a connection error (or a timeout) it propagates at once, and
+    ``abandon()`` runs on the session's chores worker: a reply lost on a broken connection
+    does not mean the server is gone, and the entries a try made before its reply was lost
+    are taken off at once rather than left to run out (nothing waits on a dead server
+    meanwhile: the chores worker's round trips are bounded, and it is not the caller).
     """
     deadline = Deadline(timeout)
     started = waiting.started or time.monotonic()
@@ -130,6 +139,8 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
                 yield from waiting.abandon()
             except redis.RedisError:
                 pass
+        elif waiting._session is not None:
+            waiting._session.defer(functools.partial(_abandon_later, waiting))
         raise
     finally:
         granted = granted or (outcome is NAMED and waiting.named_grants)
@@ -172,3 +183,12 @@ def result(waiting: Waiting, outcome: Outcome) -> Any:
     if type(outcome) is Failed:
         raise outcome.error
     return outcome.value  # type: ignore[union-attr]  # Done
+
+
+def _abandon_later(waiting: Waiting) -> None:
+    """``waiting.abandon()``, on the session's chores worker, after the wait ended with a
+    connection error; if the server cannot be reached now either, the entries run out."""
+    try:
+        drive(waiting.abandon(), waiting._session)
+    except redis.RedisError:
+        pass

@@ -504,6 +504,7 @@ class _SemWaiting(Waiting):
                  queue_ms: int) -> None:
         self.channel = sem._keys.channel
         self._sem = sem
+        self._session = session
         self._args = (session, pid, ms, watchdog, queue_ms)
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:

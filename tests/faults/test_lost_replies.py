@@ -11,6 +11,7 @@ stayed True and the watchdog renewed it until the process exited.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any, Callable, Dict, Tuple
 
@@ -153,3 +154,63 @@ def test_a_lost_reentry_that_cannot_be_read_either_is_given_back_by_the_last_rel
     lock.release()
     assert not lock.owned()
     assert not client.exists(key_of(name))
+
+
+#: a wait whose first try's reply is lost, in both shells: (the primitive, made on a client,
+#: and the rival state that makes it wait; the script of its first try; the entry that try
+#: left, which must be taken off at once, not left for its whole entry lease: 61 s here)
+WAITS: Dict[str, Tuple[Callable[..., Any], Callable[..., Any], Callable[[Any], Any], str, str]] = {
+    "DistEvent": (lambda n, c: distlock.DistEvent(n, client=c), lambda n, c: aio.DistEvent(n, client=c),
+                  lambda rival: None, "ev_wait", ":ev:w"),
+    "DistSemaphore": (lambda n, c: distlock.DistSemaphore(n, 1, client=c),
+                      lambda n, c: aio.DistSemaphore(n, 1, client=c),
+                      lambda rival: rival.acquire(), "sem_acquire", ":sem:q"),
+    "DistWriteLock": (lambda n, c: distlock.DistReadWriteLock(n, client=c).write_lock(),
+                      lambda n, c: aio.DistReadWriteLock(n, client=c).write_lock(),
+                      lambda rival: rival.acquire(), "rw_write_acquire", ":rw:q"),
+}
+
+
+def _gone(client: redis.Redis, key: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while client.exists(key):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.parametrize("how", [LOST, LATE])
+@pytest.mark.parametrize("kind", sorted(WAITS))
+def test_a_wait_whose_first_reply_was_lost_leaves_no_entry_behind(client: redis.Redis, url: str,
+                                                                   kind: str, how: str) -> None:
+    """The first try of a wait ran (it queued the waiter) and its reply was lost: the wait
+    raises at once, and the entry it made is taken off by the session's chores worker, not
+    left to run out (an entry lease is 61 s with the default settings), in both shells."""
+    make, amake, hold, script, suffix = WAITS[kind]
+    name = _name()
+    other = distlock_client(client)
+    rival = make(name, other)
+    hold(rival)
+    try:
+        waiter = make(name, client)
+        points = arm(waiter)
+        points.fail(script, 1, how)
+        with points.active():
+            with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+                waiter.acquire(timeout=5) if kind != "DistEvent" else waiter.wait(timeout=5)
+        assert _gone(client, f"distlock:{{{name}}}{suffix}", 20.0), "the entry was left to run out"
+
+        async def body(aclient: Any) -> None:
+            awaiter = amake(name, aclient)
+            apoints = arm(awaiter)
+            apoints.fail(script, 1, how)
+            with apoints.active():
+                with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+                    await (awaiter.acquire(timeout=5) if kind != "DistEvent" else awaiter.wait(timeout=5))
+        run_in_loop(url, body)
+        assert _gone(client, f"distlock:{{{name}}}{suffix}", 20.0), "the entry was left to run out (asyncio)"
+    finally:
+        if kind != "DistEvent":
+            rival.release()
+        other.close()
