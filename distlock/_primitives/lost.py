@@ -14,6 +14,8 @@ read/write lock's sides call them (``_primitives.lock_base``, ``_primitives.rwlo
   it ran. Still at the depth it had: it did not run, and is sent now (the state says so: this
   is not a re-run). The caller keeps the levels it still holds, renewed as before; when nothing
   can be read, it stops renewing, and the hold ends with its lease.
+- **A semaphore's release of its own permits** (``settle_permits_release``): the same, by the
+  permits' scores; the script is atomic, so all of them are gone or none.
 
 A new hold whose reply was lost is given back by the primitives' own ``_undo_lost_*`` flows.
 """
@@ -21,7 +23,7 @@ A new hold whose reply was lost is given back by the primitives' own ``_undo_los
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import redis
 
@@ -82,3 +84,16 @@ def settle_release(hold: Hold, key: str, count: int, depth: int,
         return None
     return left if left > 0 else None
 
+
+
+def settle_permits_release(key: str, ids: List[str], resend: Op) -> Flow[None]:
+    """A release of the caller's own permits ``ids`` (members of the semaphore ``key``) lost
+    its reply: one read tells whether it ran (all gone) or not (all there); if not, send it
+    now (``resend``). Errors are swallowed: the caller stops renewing the permits either way,
+    so that what could not be settled ends with its lease."""
+    try:
+        scores = yield Read("ZMSCORE", key, *ids)
+        if scores is not None and all(score is not None for score in scores):
+            yield resend
+    except redis.RedisError:
+        pass

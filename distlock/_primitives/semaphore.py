@@ -43,6 +43,7 @@ from .._core.wait_policy import LAST, WAIT
 from .._redis.clients import ClientArg, check_client
 from .._session.session import Hold, Session, SessionUser, add_lost_callback, fire_lost
 from .engine import Waiting, waiting_flow
+from .lost import settle_permits_release
 
 #: The largest count a semaphore keeps: Redis scores and Lua numbers are doubles, exact up to
 #: 2**53, and a larger count would overflow the scripts' integer replies.
@@ -295,12 +296,10 @@ class DistSemaphore(SessionUser):
             for hold in holds:
                 hold.releasing = False
             if outcome is None:
-                # Its reply was lost (or it was never sent): read whether it ran, and finish
-                # it if not, so that the permits are not left held until their lease runs out
-                # (as a lock's release does, lost.py). What cannot be read: stop renewing
-                # them, so that, at worst, they end with their lease.
+                # Its reply was lost: read whether it ran, finish it if not (lost.py); then
+                # stop renewing, so that what could not be read ends with its lease.
                 if isinstance(exc, redis.RedisError) and ids and len(ids) == count:
-                    yield from _settle_lost_release(keys.sem, ids, release, args)
+                    yield from settle_permits_release(keys.sem, ids, Run("sem_release", release, args))
                 for hold in holds:
                     session.drop_hold(hold)
             raise
@@ -423,7 +422,7 @@ class DistSemaphore(SessionUser):
         self._seen = reply - 1
         hold = Hold(session, self._keys.sem, pid, token=0, count=1, watchdog=watchdog,
                     lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._end,
-                    notify=_notify_lost, meter=self._metered(), grant=True, acks=self._acks())
+                    notify=DistSemaphore._fire_lost, meter=self._metered(), grant=True, acks=self._acks())
         hold.listeners.add(self)
         session.add_hold(hold)
 
@@ -497,8 +496,8 @@ def _recorded(keys: SemKeys) -> Flow[Optional[int]]:
 
 class _SemWaiting(Waiting):
     """One wait for a permit. Interrupted (or cancelled), it takes its own entry off the queue
-    (a ZREM, not a try, which could take a permit); if the server cannot be reached, the entry
-    runs out by itself within ``entry_ms``."""
+    (a ZREM, not a try, which could take a permit; after a connection error, from the chores
+    worker); if the server cannot be reached then, it runs out by itself within ``entry_ms``."""
 
     def __init__(self, sem: DistSemaphore, session: Session, pid: str, ms: int, watchdog: bool,
                  queue_ms: int) -> None:
@@ -517,19 +516,3 @@ class _SemWaiting(Waiting):
         except redis.RedisError:
             pass
 
-
-def _notify_lost(sem: DistSemaphore) -> None:
-    sem._fire_lost()
-
-
-def _settle_lost_release(key: str, ids: List[str], release: Tuple[str, ...],
-                         args: Tuple[Any, ...]) -> Flow[None]:
-    """A release of the caller's own permits ``ids`` lost its reply: one read tells whether it
-    ran (the script is atomic: all of them are gone, or none). If none is gone, send it once
-    more; its outcome is then the release's. Errors here are the caller's: it stops renewing."""
-    try:
-        scores = yield Read("ZMSCORE", key, *ids)
-        if scores is not None and all(score is not None for score in scores):
-            yield Run("sem_release", release, args)
-    except redis.RedisError:
-        pass
