@@ -162,18 +162,20 @@ class Run:
         self.env.activate(None)
         try:
             confirmed()
-            held, rival_try = self._belief()
-            if held:
+            deadline = time.monotonic() + SETTLE
+            while True:
+                held, rival_try = self._belief()
+                if held:  # (a confirmation may come late on a loaded machine: looked at again)
+                    if rival_try():
+                        self.problems.append(f"after {what}: believed held, and a rival got it")
+                    break
                 if rival_try():
-                    self.problems.append(f"after {what}: believed held, and a rival got it")
-            else:
-                deadline = time.monotonic() + SETTLE
-                while not rival_try():
-                    if time.monotonic() > deadline:
-                        self.problems.append(f"after {what}: not believed held, yet nobody else "
-                                             "can get it (a leaked hold)")
-                        break
-                    time.sleep(0.02)
+                    break
+                if time.monotonic() > deadline:
+                    self.problems.append(f"after {what}: not believed held, yet nobody else "
+                                         "can get it (a leaked hold)")
+                    break
+                time.sleep(0.02)
         finally:
             self.env.activate(self.points)
 
