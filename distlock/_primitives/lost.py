@@ -85,7 +85,6 @@ def settle_release(hold: Hold, key: str, count: int, depth: int,
     return left if left > 0 else None
 
 
-
 def settle_permits_release(key: str, ids: List[str], resend: Op) -> Flow[None]:
     """A release of the caller's own permits ``ids`` (members of the semaphore ``key``) lost
     its reply: one read tells whether it ran (all gone) or not (all there); if not, send it

@@ -504,15 +504,15 @@ class _SemWaiting(Waiting):
         self.channel = sem._keys.channel
         self._sem = sem
         self._session = session
-        self._args = (session, pid, ms, watchdog, queue_ms)
+        self._args = (pid, ms, watchdog, queue_ms)
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
-        session, pid, ms, watchdog, queue_ms = self._args
-        return (yield from self._sem._attempt(session, mode, pid, ms, watchdog, queue_ms))
+        pid, ms, watchdog, queue_ms = self._args
+        return (yield from self._sem._attempt(self._session, mode, pid, ms, watchdog, queue_ms))
 
     def abandon(self) -> Flow[None]:
         try:
-            yield Read("ZREM", self._sem._keys.queue, self._args[1])
+            yield Read("ZREM", self._sem._keys.queue, self._args[0])
         except redis.RedisError:
             pass
 
