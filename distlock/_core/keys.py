@@ -58,7 +58,7 @@ class Keys:
     they are on every round trip.
     """
 
-    __slots__ = ("prefix", "name", "tag", "lock", "fence", "channel", "queue", "others")
+    __slots__ = ("prefix", "name", "tag", "lock", "fence", "channel", "queue", "others", "rw")
 
     def __init__(self, prefix: str, name: str) -> None:
         self.prefix = prefix
@@ -75,6 +75,9 @@ class Keys:
         self.queue = self.tag + ":q"
         #: the keys of the kinds a lock may not share its name with (``other_kinds``)
         self.others = other_kinds(self.tag, name, "L")
+        #: the writer hash and the readers of the DistReadWriteLock of the same name, which a
+        #: lock's tries look at (``rw_held``): a name is one lock (see ``RWKeys``)
+        self.rw = (self.tag + ":rw:w", self.tag + ":rw:r")
 
     def waiter_channel(self, session_id: str) -> str:
         """The wake-up channel of one process (session) waiting for an exclusive lock."""
@@ -311,7 +314,7 @@ class FairKeys:
                                      self.entries, keys.queue)
         #: ``fair_acquire``'s: the same, then the keys of the kinds a lock may not share its
         #: name with
-        self.acquire: Tuple[str, ...] = (*self.all, *keys.others)
+        self.acquire: Tuple[str, ...] = (*self.all, *keys.others, *keys.rw)
 
 
 
@@ -338,6 +341,12 @@ class RWKeys:
     - ``reader_channel``: hints for waiting readers (the writer left and none is waiting, or a
       waiting writer gave up). Two channels instead of one, so that a "1" meant for a writer is
       never taken by a reader of the same process, which could not use it.
+    - ``lock`` and ``lock_queue``: the hash and the registry of waiting processes of the lock
+      (``DistLock``, ``DistRLock``, ``DistCondition``) of the same name. A name is one lock: the
+      write side excludes that lock's holders and they exclude it, the read side shares only
+      with readers. A try refused by the lock registers this lock's channel in its registry,
+      so that the lock's release hints it (``rw_enlist``, ``rw_hint``); the last release of
+      this lock wakes a process waiting there (``wake_one``).
     """
 
     writer: str
@@ -347,6 +356,8 @@ class RWKeys:
     writer_channel: str
     reader_channel: str
     others: Tuple[str, ...]
+    lock: str
+    lock_queue: str
 
     @classmethod
     def of(cls, prefix: str, name: str) -> RWKeys:
@@ -359,12 +370,15 @@ class RWKeys:
             writer_channel=keys.channel,
             reader_channel=keys.sub("rw:wake"),
             others=other_kinds(keys.tag, name, "W"),
+            lock=keys.lock,
+            lock_queue=keys.queue,
         )
 
     @functools.cached_property
     def read_acquire(self) -> Tuple[str, ...]:
         """KEYS of ``rw_read_acquire``."""
-        return (self.writer, self.readers, self.queue, self.fence, *self.others)
+        return (self.writer, self.readers, self.queue, self.fence, *self.others, self.lock,
+                self.lock_queue, self.reader_channel)
 
     @functools.cached_property
     def write_leave(self) -> Tuple[str, str, str, str, str]:
@@ -374,7 +388,17 @@ class RWKeys:
     @functools.cached_property
     def write_acquire(self) -> Tuple[str, ...]:
         """KEYS of ``rw_write_acquire`` for a try (the other kinds' keys last)."""
-        return (*self.write_leave, *self.others)
+        return (*self.write_leave, *self.others, self.lock, self.lock_queue, self.writer_channel)
+
+    @functools.cached_property
+    def write_release(self) -> Tuple[str, str, str, str, str]:
+        """KEYS of ``rw_write_release``."""
+        return (self.writer, self.queue, self.writer_channel, self.reader_channel, self.lock_queue)
+
+    @functools.cached_property
+    def read_release(self) -> Tuple[str, str, str, str]:
+        """KEYS of ``rw_read_release``."""
+        return (self.readers, self.queue, self.writer_channel, self.lock_queue)
 
     def all_keys(self) -> Tuple[str, ...]:
         """Every data key (not the channels), the fence included."""

@@ -84,7 +84,7 @@ class _LockBase(SessionUser):
         #: Redlock quorum's masters could keep the lock for different processes)
         self._shares = not self._fair and not self._quorum
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
-                              self._fair_keys.deadlines, *self._keys.others)
+                              self._fair_keys.deadlines, *self._keys.others, *self._keys.rw)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
         #: gives a whole hold back (at interpreter exit; see ``Session.release_all``): made
         #: once, not per grant

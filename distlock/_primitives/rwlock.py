@@ -282,7 +282,7 @@ class DistReadLock(_RWSide):
                 for member, _deadline in members:
                     text = member.decode() if isinstance(member, bytes) else str(member)
                     if text.startswith(prefix) and text.endswith(f"@{info}"):
-                        yield Run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+                        yield Run("rw_read_release", rw.read_release,
                                (text,))
                 if int(cursor) == 0:
                     return
@@ -322,7 +322,7 @@ class DistReadLock(_RWSide):
         rw = self._rw
         left = read_release_left(hold.count, count)
         member = reader_member(hold.owner, hold.token, hold.session.info)
-        return int((yield Run("rw_read_release", (rw.readers, rw.queue, rw.writer_channel),
+        return int((yield Run("rw_read_release", rw.read_release,
                            optional_tail((member,), left, 0))))
 
 
@@ -404,7 +404,7 @@ class DistWriteLock(_RWSide):
             held, token = yield Read("HMGET", rw.writer, owner, ":t")
             if held is not None and token is not None:
                 yield Run("rw_write_release",
-                       (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+                       rw.write_release,
                        optional_tail((owner, int(token)), int(held), 1))
         except redis.RedisError:
             pass
@@ -414,13 +414,13 @@ class DistWriteLock(_RWSide):
         (``_primitives.lost``)."""
         rw = self._rw
         yield from reentry_lost(hold, rw.writer, added, lambda n: Run(
-            "rw_write_release", (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+            "rw_write_release", rw.write_release,
             optional_tail((hold.owner, hold.token), n, 1)))
 
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         rw = self._rw
         return int((yield Run("rw_write_release",
-                           (rw.writer, rw.queue, rw.writer_channel, rw.reader_channel),
+                           rw.write_release,
                            optional_tail((hold.owner, hold.token), count, 1))))
 
 

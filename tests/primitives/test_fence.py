@@ -259,3 +259,53 @@ def test_a_previous_release_does_not_check_kinds_and_this_one_refuses_what_it_ma
     assert int(client.eval(release, 2, keys[0], keys[2], "old:1", old)) == 0
     assert sem.acquire(blocking=False)
     sem.release()
+
+
+@pytest.mark.real_redis
+def test_a_lock_and_a_read_write_lock_of_a_previous_release_see_only_their_own_kind(
+        url: str, client: Any) -> None:
+    """A rolling upgrade and "a name is one lock" between the two kinds of lock
+    (docs/guides/kinds.rst): a process still running the previous release's scripts takes the
+    DistLock of a name whose DistReadWriteLock this release holds, and the write side of one
+    whose DistLock this release holds (it looks at its own kind's keys only, as before); this
+    release refuses either side while the previous release holds the lock, and the lock while
+    the previous release holds the write side. What an older process releases does not wake this
+    release's waiters of the other kind: they try again at their bounded sleep (wait_cap)."""
+    lock_acquire, lock_release = _previous("lock_acquire"), _previous("lock_release")
+    write_acquire, write_release = _previous("rw_write_acquire"), _previous("rw_write_release")
+    rw = RWKeys.of("distlock:", "lw-upgrade")
+    lock_keys = (rw.lock, rw.fence, rw.lock_queue)
+    rw_keys = (rw.writer, rw.readers, rw.queue, rw.fence)
+    new_rw = DistReadWriteLock("lw-upgrade", client=client)
+    new_lock = DistLock("lw-upgrade", client=client)
+
+    # the previous release does not see this one's other kind: both believe they hold
+    assert new_rw.write_lock().acquire(blocking=False)
+    old = int(client.eval(lock_acquire, 3, *lock_keys, "old:1", 30000, "h:1"))
+    assert old > 0
+    assert int(client.eval(lock_release, 2, rw.lock, rw.lock_queue, "old:1", old)) == 0
+    new_rw.write_lock().release()
+    assert new_lock.acquire(blocking=False)
+    old = int(client.eval(write_acquire, 4, *rw_keys, "old:2", 30000, "h:2"))
+    assert old > 0
+    assert int(client.eval(write_release, 4, rw.writer, rw.queue, rw.writer_channel,
+                           rw.reader_channel, "old:2", old)) == 0
+    new_lock.release()
+
+    # this release sees the previous one's holds of the other kind
+    old = int(client.eval(lock_acquire, 3, *lock_keys, "old:3", 30000, "h:3"))
+    assert old > 0
+    assert not new_rw.write_lock().acquire(blocking=False)
+    assert not new_rw.read_lock().acquire(blocking=False)
+    assert int(client.eval(lock_release, 2, rw.lock, rw.lock_queue, "old:3", old)) == 0
+    old = int(client.eval(write_acquire, 4, *rw_keys, "old:4", 30000, "h:4"))
+    assert old > 0
+    assert not new_lock.acquire(blocking=False)
+    assert int(client.eval(write_release, 4, rw.writer, rw.queue, rw.writer_channel,
+                           rw.reader_channel, "old:4", old)) == 0
+    assert new_lock.acquire(blocking=False)
+    new_lock.release()
+    # the refused tries above flagged and registered nothing that outlives them needlessly:
+    # what is left besides the fence is the registry entries of the read/write lock's channels
+    left = {k.decode() for k in client.keys("distlock:{lw-upgrade}*")} - {rw.fence}
+    assert left <= {rw.lock_queue}, left

@@ -127,19 +127,84 @@ local function pop_waiter(queue)
   return redis.call('zpopmin', queue)[1]
 end
 
---@ helper wake_one uses pop_waiter
--- wake_one(queue): hint the longest-registered live waiting process, and take it off the
--- registry (its waiter registers again if it loses the race for the lock). 1 if there was one.
-local function wake_one(queue)
+--@ helper rw_hint
+-- rw_hint(channel): does a lock's registry entry (below) name a read/write lock's waiters of
+-- the same name rather than a process? Those are registered by rw_enlist, with the read/write
+-- lock's own channel (its name ends in ':wake', a process' channel in its session id): hint
+-- them there ('*': every waiting reader; '1': a writer per process) and answer true.
+local function rw_hint(channel)
+  if string.sub(channel, -5) ~= ':wake' then
+    return false
+  end
+  if string.sub(channel, -8) == ':rw:wake' then
+    redis.call('publish', channel, '*')
+  else
+    redis.call('publish', channel, '1')
+  end
+  return true
+end
+
+--@ helper pop_process uses pop_waiter rw_hint
+-- pop_process(queue): pop_waiter, hinting the read/write lock's waiters registered ahead on
+-- the way (rw_hint): they take no process' turn, since they may have stopped waiting. The
+-- first process' channel, or nil; and whether anyone at all was hinted.
+local function pop_process(queue)
   local first = pop_waiter(queue)
+  local hinted = false
+  while first and rw_hint(first) do
+    hinted = true
+    first = redis.call('zpopmin', queue)[1]
+  end
+  return first, hinted
+end
+
+--@ helper wake_one uses pop_process
+-- wake_one(queue): hint the longest-registered live waiting process, and take it off the
+-- registry (its waiter registers again if it loses the race for the lock); the read/write
+-- lock's waiters registered ahead of it are hinted too (pop_process). 1 if anyone was.
+local function wake_one(queue)
+  local first, hinted = pop_process(queue)
   if first then
     redis.call('publish', first, '1')
     return 1
   end
-  return 0
+  return hinted and 1 or 0
 end
 
---@ helper free_hold uses pop_waiter wake_one
+--@ helper rw_enlist uses now_ms
+-- rw_enlist(hash, queue, channel, pttl): a try of the read/write lock of the same name was
+-- refused by this lock (its hash has `pttl` ms left): flag the hold as waited on (':w') and
+-- register the read/write lock's channel in the lock's registry of waiting processes, for a
+-- moment longer than the hold may last, so that the release that frees the lock hints it
+-- (rw_hint). A name is one lock (docs/guides/kinds.rst).
+local function rw_enlist(hash, queue, channel, pttl)
+  local ms = math.max(pttl, 0) + 1000
+  redis.call('zadd', queue, now_ms() + ms, channel)
+  if redis.call('pttl', queue) < ms then
+    redis.call('pexpire', queue, ms)
+  end
+  redis.call('hset', hash, ':w', 1)
+end
+
+--@ helper rw_held uses now_ms fmt
+-- rw_held(writer, readers): a lock's try looks at the read/write lock of the same name: nil
+-- when no writer and no live reader holds it; else how long it may still be held (ms, for
+-- held_reply): the writer's PTTL, or until the earliest live reader's lease runs out.
+local function rw_held(writer, readers)
+  local pttl = redis.call('pttl', writer)
+  if pttl ~= -2 then
+    return pttl
+  end
+  local now = now_ms()
+  local first = redis.call('zrangebyscore', readers, '(' .. fmt(now), '+inf', 'withscores',
+                           'limit', 0, 1)
+  if #first > 0 then
+    return math.max(1, tonumber(first[2]) - now)
+  end
+  return nil
+end
+
+--@ helper free_hold uses pop_process wake_one
 -- free_hold(hash, queue, waited, how): a plain hold of an exclusive lock ends (its last
 -- release, a condition's wait, an undone try): free it, and when it was waited on (`waited`,
 -- its ':w'), wake the longest-registered waiting process. `how` (distlock/_shares.py): 'k',
@@ -148,7 +213,8 @@ end
 -- for it for a moment: the hash is left with only ':r' (its wake-up channel) and ':w', for
 -- 250 ms. Any of its waiters takes it (lock_acquire); every other try is refused meanwhile,
 -- as if it were held. A process that no longer waits gives it up at once (lock_unwait); one
--- that died, within the 250 ms. Its hint, 'y<n>', tells it how many processes take turns
+-- that died, within the 250 ms. The read/write lock's waiters registered ahead are hinted, and
+-- the lock is not kept for them (pop_process). Its hint, 'y<n>', tells it how many processes take turns
 -- (those still registered, itself and the one yielding): its quantum is barge_limit / n.
 local function free_hold(hash, queue, waited, how)
   redis.call('del', hash)
@@ -159,7 +225,7 @@ local function free_hold(hash, queue, waited, how)
     wake_one(queue)
     return
   end
-  local first = pop_waiter(queue)
+  local first = pop_process(queue)
   if first then
     redis.call('hset', hash, ':r', first, ':w', 1)
     redis.call('pexpire', hash, 250)

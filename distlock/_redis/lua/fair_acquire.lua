@@ -8,7 +8,9 @@
 -- KEYS[6]  the plain lock's registry of waiting processes (see lock_acquire): a queued waiter
 --          registers its process there too, so that a release by any other path (a plain
 --          holder's lock_release, a condition's wait) wakes a process that settles the queue
--- KEYS[7...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[7..13]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[14], KEYS[15]  optional: the writer hash and the readers of the read/write lock of the
+--          same name (rw_held): while either holds it, the lock is not free
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence retention, ms (a grant's fence TTL is its lease plus this)
@@ -22,7 +24,7 @@
 -- return   token (> 0) when the caller holds it: granted now, or handed to this wait before
 --          (its lease is then made the caller's full lease); -(pttl + 1) when refused (pttl:
 --          the holder's remaining lease, ms).
---@ uses fair_now fair_drop fair_hand_off next_token fmt held_reply register_waiter wrong_kind
+--@ uses fair_now fair_drop fair_hand_off next_token fmt held_reply register_waiter wrong_kind rw_held
 local wrong = wrong_kind('L', 'SEB', 7)  -- a name is one lock
 if wrong then
   return wrong
@@ -42,7 +44,11 @@ if hand[1] == ARGV[5] then
   end
   return tonumber(hand[2])
 end
-if not hand[2] then
+local busy = nil  -- how long the read/write lock of this name may still be held, if it is
+if not hand[2] and KEYS[14] then
+  busy = rw_held(KEYS[14], KEYS[15])
+end
+if not hand[2] and not busy then
   -- free: the first live waiter goes first (perhaps the caller); nobody queued: the caller
   -- (the uncontended path, which reads no clock)
   local got = -1
@@ -79,8 +85,10 @@ if ARGV[9] == 'w' then
     end
   end
   register_waiter(KEYS[6], ARGV[7], lease)
-  redis.call('hset', KEYS[1], ':w', 1)
+  if not busy then
+    redis.call('hset', KEYS[1], ':w', 1)
+  end  -- (else the read/write lock's release wakes the registered process)
 else
   fair_drop(KEYS[3], KEYS[4], KEYS[5], ARGV[5])
 end
-return held_reply(KEYS[1])
+return held_reply(KEYS[1], busy)

@@ -9,7 +9,10 @@
 -- KEYS[3]  registry of waiting processes: sorted set, wake-up channel -> entry deadline (ms)
 -- KEYS[4]  optional: the fair queue's deadlines (see _fair.lua): a free lock with live fair
 --          waiters is theirs first, so a plain try is refused
--- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[5..11]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[12], KEYS[13]  optional: the writer hash and the readers of the read/write lock of the
+--          same name (rw_held): while either holds it, a try is refused as if the lock were
+--          held, and a queued waiter's registers its process, which their release wakes
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -29,7 +32,7 @@
 --          (0 when unknown); the hold is then flagged so that its release wakes a waiter;
 --          0 in modes 'w'/'p', -2 otherwise, when the lock is free but fair waiters queue for
 --          it: the caller's wait goes on in the fair queue (mixed modes: docs/guides/locks.rst).
---@ uses next_token lengthen_hold held_reply register_waiter fmt now_ms wrong_kind
+--@ uses next_token lengthen_hold held_reply register_waiter fmt now_ms wrong_kind rw_held
 -- Numbers go to Redis as the strings they came in (ARGV) where they can: each conversion of a
 -- Lua number to a command argument, or of a string to a number, costs the server a formatting
 -- or parsing pass, a measurable share of an uncontended grant.
@@ -91,11 +94,21 @@ if present > 0 then
       redis.call('hset', KEYS[1], ':w', 1)
       return held_reply(KEYS[1], pttl)
     end
-  elseif KEYS[4] and redis.call('zcount', KEYS[4], now_ms(), '+inf') > 0 then
-    if mode == 'w' or mode == 'p' then
-      return 0
+  else
+    local busy = KEYS[12] and rw_held(KEYS[12], KEYS[13])
+    if busy then
+      -- the read/write lock of this name is held: a name is one lock
+      if mode == 'w' then
+        register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
+      end
+      return held_reply(KEYS[1], busy)
     end
-    return -2
+    if KEYS[4] and redis.call('zcount', KEYS[4], now_ms(), '+inf') > 0 then
+      if mode == 'w' or mode == 'p' then
+        return 0
+      end
+      return -2
+    end
   end
 end
 local token = next_token(KEYS[2], ARGV[3])

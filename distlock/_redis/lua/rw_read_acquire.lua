@@ -3,7 +3,11 @@
 -- KEYS[2]  readers: sorted set, '<owner>#<token>@<host:pid>' -> lease deadline (server ms)
 -- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
 -- KEYS[4]  fence: last token granted for this name
--- KEYS[5...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[5..11]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[12..14]  optional: the hash, the registry of waiting processes of the lock (DistLock,
+--          DistRLock, DistCondition) of the same name, and the readers' wake-up channel: while
+--          that lock is held (or kept), a new read hold is refused, and the readers' channel
+--          registered with it (rw_enlist), so that its release wakes them
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -17,9 +21,10 @@
 --          an expired member is removed);
 --          -(bound + 1) (<= -1) when refused: a writer holds the lock (bound = its PTTL; the
 --          writer's release will then wake the readers) or a writer is waiting (bound = ms
---          until the earliest live queue entry runs out).
+--          until the earliest live queue entry runs out), or the lock of the same name is
+--          held (bound = its PTTL).
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
---@ uses next_token outlive_fence held_reply wrong_kind
+--@ uses next_token outlive_fence held_reply wrong_kind rw_enlist
 local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
 local info = (ARGV[5] and ARGV[5] ~= '') and ('@' .. ARGV[5]) or ''
 local t = redis.call('time')
@@ -49,6 +54,14 @@ end
 local wrong = wrong_kind('W', 'SEB', 5)  -- a name is one lock
 if wrong then
   return wrong
+end
+if KEYS[12] then
+  local locked = redis.call('pttl', KEYS[12])
+  if locked ~= -2 then
+    -- the lock of this name is held: a name is one lock
+    rw_enlist(KEYS[12], KEYS[13], KEYS[14], locked)
+    return held_reply(KEYS[12], locked)
+  end
 end
 if redis.call('exists', KEYS[1]) == 1 then
   if redis.call('hexists', KEYS[1], owner) == 0 then

@@ -6,7 +6,11 @@
 -- KEYS[3]  waiting writers: sorted set, owner -> entry deadline (server ms)
 -- KEYS[4]  fence: last token granted for this name
 -- KEYS[5]  readers' wake-up channel (used in modes 'x' and 'l' only)
--- KEYS[6...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[6..12]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
+-- KEYS[13..15]  optional: the hash, the registry of waiting processes of the lock (DistLock,
+--          DistRLock, DistCondition) of the same name, and this lock's writers' wake-up
+--          channel: while that lock is held (or kept), a try is refused as if a writer held
+--          it, and a queued writer's registers the writers' channel with it (rw_enlist)
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -22,9 +26,10 @@
 -- return   token (> 0) when granted or re-entered; 0 after 'l';
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(bound + 1) (<= -1) when refused: another writer holds it (bound = its PTTL) or
---          readers do (bound = ms until the earliest live reader's lease runs out).
+--          readers do (bound = ms until the earliest live reader's lease runs out), or the
+--          lock of the same name is held (bound = its PTTL).
 -- A writer that leaves the queue as the last live waiting writer wakes the readers.
---@ uses next_token lengthen_hold held_reply wrong_kind now_ms
+--@ uses next_token lengthen_hold held_reply wrong_kind now_ms rw_enlist
 local owner, lease, mode, count = ARGV[1], tonumber(ARGV[2]), ARGV[5] or '', ARGV[7] or '1'
 
 -- Leave the queue, as the last live waiting writer waking the readers refused behind it (as
@@ -75,7 +80,14 @@ local function clock()
 end
 
 local refused = nil
-if redis.call('exists', KEYS[1]) == 1 then
+local locked = KEYS[13] and redis.call('pttl', KEYS[13]) or -2
+if locked ~= -2 then
+  -- the lock of this name is held: a name is one lock
+  refused = held_reply(KEYS[13], locked)
+  if mode == 'q' or mode == 'w' then
+    rw_enlist(KEYS[13], KEYS[14], KEYS[15], locked)
+  end
+elseif redis.call('exists', KEYS[1]) == 1 then
   refused = held_reply(KEYS[1])
 else
   local last = redis.call('zrange', KEYS[2], -1, -1, 'withscores')

@@ -4,11 +4,14 @@
 -- KEYS[2]  waiting writers (sorted set, owner -> entry deadline in server ms)
 -- KEYS[3]  writers' wake-up channel
 -- KEYS[4]  readers' wake-up channel
+-- KEYS[5]  optional: the registry of waiting processes of the lock of the same name (see
+--          lock_acquire): the last release wakes one of them too (a name is one lock)
 -- ARGV[1]  owner id
 -- ARGV[2]  token of the hold the caller believes it has
 -- ARGV[3]  count to release; absent means 1; '0' releases all of it (_release_save())
 -- return   the count still held (0 when the write side is now free);
 --          -1 when the hold is gone or is someone else's (the caller's lease is lost).
+--@ uses wake_one
 local f = redis.call('hmget', KEYS[1], ARGV[1], ':t', ':r')
 local count = tonumber(f[1])
 if count == nil or f[2] ~= ARGV[2] then
@@ -27,6 +30,9 @@ if n > 0 and n < count then
   return redis.call('hincrby', KEYS[1], ARGV[1], -n)
 end
 redis.call('del', KEYS[1])
+if KEYS[5] and redis.call('exists', KEYS[5]) == 1 then
+  wake_one(KEYS[5])
+end
 if redis.call('exists', KEYS[2]) == 1 then
   local t = redis.call('time')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
