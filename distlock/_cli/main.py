@@ -120,10 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     side = run.add_mutually_exclusive_group()
     side.add_argument("--shared", "-s", action="store_true",
                       help="take the read side of the DistReadWriteLock NAME (like flock -s): "
-                           "shared with other readers, excluded by its writers")
+                           "shared with other --shared runs, excluded by plain runs and by every "
+                           "other holder of NAME")
     side.add_argument("--write", "-x", action="store_true",
-                      help="take the write side of the DistReadWriteLock NAME, the exclusive "
-                           "partner of --shared (without either, run takes the DistLock NAME)")
+                      help="the same as a plain run (like flock -x): take the lock NAME, which "
+                           "excludes --shared runs and every other holder of NAME")
     run.add_argument("--conflict-exit-code", "-E", type=_exit_code, default=EXIT_CONFLICT,
                      metavar="N", help=f"exit status when the lock is not taken in time "
                                        f"(default {EXIT_CONFLICT})")

@@ -46,14 +46,15 @@ def _make_lock(args: argparse.Namespace, client: Any,
                parser: argparse.ArgumentParser) -> Any:
     import distlock
 
-    if args.shared or args.write:
+    if args.shared:
+        # the read side of the name's DistReadWriteLock, which a DistLock of the same name
+        # (a plain run, --write) excludes: a name is one lock (docs/guides/kinds.rst)
         rwlock = getattr(distlock, "DistReadWriteLock", None)
         if rwlock is None:
-            option = "--shared" if args.shared else "--write"
-            parser.error(f"{option} needs distlock.DistReadWriteLock, which this version of "
+            parser.error("--shared needs distlock.DistReadWriteLock, which this version of "
                          "distlock does not have")
-        rw = rwlock(args.name, client=client, lease=args.lease)
-        return rw.read_lock() if args.shared else rw.write_lock()
+        return rwlock(args.name, client=client, lease=args.lease).read_lock()
+    # a plain run and --write alike (flock's -x is its default too)
     return distlock.DistLock(args.name, client=client, lease=args.lease)
 
 

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+import uuid
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 import redis
@@ -391,6 +392,57 @@ def test_run_write_stops_when_its_hold_is_force_released(url: str, client: redis
         assert status == 76, err
     finally:
         kill(proc)
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("style", [(), ("--write",)])
+def test_run_keeps_flocks_rule_exclusive_and_shared_runs_exclude_each_other(
+        url: str, client: redis.Redis[Any], style: Tuple[str, ...]) -> None:
+    """flock(1)'s rule, across hosts: a plain (or --write) run and a --shared run of one name
+    exclude each other, and both exclude a Python DistLock of that name (a name is one lock,
+    docs/guides/kinds.rst); --write is a plain run."""
+    name = f"flock-{uuid.uuid4().hex[:8]}"
+    proc = start("run", name, *style, "--url", url, "--", sys.executable, "-c", SLEEPING_CHILD,
+                 url=url)
+    try:
+        assert read_line(proc) == "ready"
+        (state,) = status_json(url, name)
+        assert state["kind"] == "DistLock" and state["held"] is True
+        shared = cli("run", name, "--shared", "--nonblock", "--url", url, "--", "true")
+        assert shared.returncode == 75, shared.stderr
+        assert distlock.DistLock(name, client=client).acquire(blocking=False) is False
+        assert distlock.DistReadWriteLock(name, client=client).read_lock().acquire(
+            blocking=False) is False
+        _stop(proc)
+    finally:
+        kill(proc)
+    assert not client.exists(f"distlock:{{{name}}}")
+    proc = start("run", name, "--shared", "--url", url, "--", sys.executable, "-c", SLEEPING_CHILD,
+                 url=url)
+    try:
+        assert read_line(proc) == "ready"
+        assert cli("run", name, "--shared", "--nonblock", "--url", url, "--", "true").returncode == 0
+        plain = cli("run", name, *style, "--nonblock", "--url", url, "--", "true")
+        assert plain.returncode == 75, plain.stderr
+        assert distlock.DistLock(name, client=client).acquire(blocking=False) is False
+        _stop(proc)
+    finally:
+        kill(proc)
+    lock = distlock.DistLock(name, client=client)
+    assert lock.acquire(blocking=False)
+    try:
+        for args in ((), ("--write",), ("--shared",)):
+            taken = cli("run", name, *args, "--nonblock", "--url", url, "--", "true")
+            assert taken.returncode == 75, (args, taken.stderr)
+    finally:
+        lock.release()
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to a ``run``: forwarded to its command, which ends; the hold is released."""
+    proc.send_signal(signal.SIGTERM)
+    status, _, err = finish(proc, timeout=30)
+    assert status == 128 + signal.SIGTERM, err
 
 
 @pytest.mark.real_redis
