@@ -252,15 +252,18 @@ def _force_release(client: Any, state: LockState) -> tuple[int, int]:
     """Run force_release.lua on the keys of ``state``'s primitive; return its reply."""
     k = Keys(settings().prefix, state.name)
     rw = _rw_keys(state.name) if state.kind == "DistReadWriteLock" else None
+    # every process waiting for the lock of the name listens on its own channel, registered in
+    # the lock's queue (a read/write lock's waiters too: a name is one lock); so do the
+    # read/write lock's channels that the lock refused
+    registered = {m.decode() if isinstance(m, bytes) else m for m in client.zrange(k.queue, 0, -1)}
     if rw is not None:
-        channels = [rw.writer_channel, rw.reader_channel]
+        channels = [rw.writer_channel, rw.reader_channel,
+                    *sorted(registered - {rw.writer_channel, rw.reader_channel})]
         data = [rw.writer, rw.readers]
         writer = [o for o in state.owners if o.mode == "write"]
         seen = str(state.token) if writer and state.token is not None else ""
     else:
-        # every waiting process listens on its own channel, registered in the lock's queue
-        registered = [m.decode() if isinstance(m, bytes) else m for m in client.zrange(k.queue, 0, -1)]
-        channels = [k.channel, *registered]
+        channels = [k.channel, *sorted(registered - {k.channel})]
         data = [k.lock]
         seen = "" if state.token is None or state.kind.startswith("unknown") else str(state.token)
     retention = max(1, settings().fence_retention_ms)

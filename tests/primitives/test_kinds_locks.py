@@ -211,3 +211,89 @@ def test_exclusion_holds_across_processes(url: str, client: Any) -> None:
             if o_start >= end:
                 break
             assert kind == other == "read", f"{kind} and {other} held {name!r} at once"
+
+
+def test_a_waiting_lock_keeps_new_readers_out_as_a_waiting_writer_does(client: Any) -> None:
+    """Writer preference holds for the lock of the name too: while a process waits for the
+    lock behind readers, new readers wait behind it, so a stream of readers cannot starve it;
+    they are woken once it is done (its release), with no polling."""
+    distlock.configure(wait_cap=60.0)
+    name = f"lpref-{uuid.uuid4().hex[:8]}"
+    first = distlock.DistReadWriteLock(name, client=client, lease=60).read_lock()
+    assert first.acquire(blocking=False)
+    lock = distlock.DistLock(name, client=client, lease=60)
+    held = threading.Event()
+    done = threading.Event()
+
+    def wait_for_the_lock() -> None:
+        if lock.acquire(timeout=WOKEN_WITHIN):
+            held.set()
+            done.wait(WOKEN_WITHIN)
+            lock.release()
+
+    waiter = threading.Thread(target=wait_for_the_lock)
+    waiter.start()
+    got: List[str] = []
+    reader: threading.Thread = threading.Thread()
+    try:
+        until(_registered(client, name), what="the lock's waiter to register")
+        late = distlock.DistReadWriteLock(name, client=client, lease=60).read_lock()
+        tried: List[bool] = []  # (in a thread of its own: this one's read hold is first's)
+        probe = threading.Thread(target=lambda: tried.append(late.acquire(blocking=False)))
+        probe.start()
+        probe.join(WOKEN_WITHIN)
+        assert tried == [False], "a new reader went ahead of the waiting lock"
+
+        def read() -> None:
+            started = time.monotonic()
+            if late.acquire(timeout=WOKEN_WITHIN):  # unwoken, it would return at its deadline
+                got.append("read" if time.monotonic() - started < WOKEN_WITHIN / 2 else "late")
+                late.release()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        time.sleep(0.3)
+        first.release()  # the last reader out wakes the lock's waiter
+        assert held.wait(WOKEN_WITHIN), "the waiting lock was not woken by the last reader"
+        assert not got
+        done.set()  # the lock's release wakes the reader that waited behind it
+        reader.join(WOKEN_WITHIN + 10)
+        assert got == ["read"]
+    finally:
+        done.set()
+        waiter.join(WOKEN_WITHIN + 10)
+        if reader.is_alive():
+            reader.join(WOKEN_WITHIN + 10)
+
+
+def test_readers_behind_a_lock_waiter_that_gives_up_are_woken(client: Any) -> None:
+    """A process that stops waiting for the lock (its timeout) lets the readers that waited
+    behind it in at once: it hints them as it leaves the registry."""
+    distlock.configure(wait_cap=60.0)
+    name = f"lgive-{uuid.uuid4().hex[:8]}"
+    first = distlock.DistReadWriteLock(name, client=client, lease=60).read_lock()
+    assert first.acquire(blocking=False)
+    gave_up = threading.Event()
+    waiter = threading.Thread(target=lambda: distlock.DistLock(name, client=client).acquire(
+        timeout=2.0) or gave_up.set())
+    waiter.start()
+    got: List[float] = []
+    try:
+        until(_registered(client, name), what="the lock's waiter to register")
+        late = distlock.DistReadWriteLock(name, client=client, lease=60).read_lock()
+
+        def read() -> None:
+            started = time.monotonic()
+            if late.acquire(timeout=WOKEN_WITHIN):  # unwoken, it would return at its deadline
+                got.append(time.monotonic() - started)
+                late.release()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(WOKEN_WITHIN + 10)
+        waiter.join(WOKEN_WITHIN)
+        assert gave_up.is_set() and got and got[0] < WOKEN_WITHIN / 2, \
+            f"the reader behind the lock's waiter was not woken: {got}"
+    finally:
+        first.release()
+        waiter.join(WOKEN_WITHIN)

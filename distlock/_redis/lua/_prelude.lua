@@ -110,12 +110,15 @@ end
 
 --@ helper register_waiter uses now_ms
 -- register_waiter(queue, channel, ms): (re)enter a process' channel, at the back, for ms.
--- Every entry gets the same lease, so the newest one ends last and the registry's TTL is ms.
+-- Every process' entry gets the same lease, so the newest one ends last; the registry lives at
+-- least ms more (never less: a read/write lock's entry, rw_enlist, may end later).
 -- Returns the server's time (ms), which the caller records as the hold's waiting-since (':s').
 local function register_waiter(queue, channel, ms)
   local now = now_ms()
   redis.call('zadd', queue, now + ms, channel)
-  redis.call('pexpire', queue, ms)
+  if redis.call('pttl', queue) < ms then
+    redis.call('pexpire', queue, ms)
+  end
   return now
 end
 
@@ -161,29 +164,47 @@ end
 --@ helper wake_one uses pop_process
 -- wake_one(queue): hint the longest-registered live waiting process, and take it off the
 -- registry (its waiter registers again if it loses the race for the lock); the read/write
--- lock's waiters registered ahead of it are hinted too (pop_process). 1 if anyone was.
+-- lock's waiters registered ahead of it are hinted too (pop_process). 1 if a process was.
 local function wake_one(queue)
-  local first, hinted = pop_process(queue)
+  local first = pop_process(queue)
   if first then
     redis.call('publish', first, '1')
     return 1
   end
-  return hinted and 1 or 0
+  return 0
 end
 
 --@ helper rw_enlist uses now_ms
--- rw_enlist(hash, queue, channel, pttl): a try of the read/write lock of the same name was
--- refused by this lock (its hash has `pttl` ms left): flag the hold as waited on (':w') and
--- register the read/write lock's channel in the lock's registry of waiting processes, for a
--- moment longer than the hold may last, so that the release that frees the lock hints it
--- (rw_hint). A name is one lock (docs/guides/kinds.rst).
-local function rw_enlist(hash, queue, channel, pttl)
-  local ms = math.max(pttl, 0) + 1000
+-- rw_enlist(hash, queue, channel, pttl, bound): a try of the read/write lock of the same name
+-- was refused by this lock: its hash has `pttl` ms left, or (-2, no hash) processes wait for
+-- it. Flag the hold, if any, as waited on (':w') and register the read/write lock's channel in
+-- the lock's registry of waiting processes, for a second longer than the refusal's `bound`
+-- (ms: the hold's PTTL, or the first waiting process' entry's), so that the release that frees
+-- the lock, or the waiting process that leaves, hints it (rw_hint). A name is one lock
+-- (docs/guides/kinds.rst).
+local function rw_enlist(hash, queue, channel, pttl, bound)
+  local ms = math.max(bound, 0) + 1000
   redis.call('zadd', queue, now_ms() + ms, channel)
   if redis.call('pttl', queue) < ms then
     redis.call('pexpire', queue, ms)
   end
-  redis.call('hset', hash, ':w', 1)
+  if pttl ~= -2 then
+    redis.call('hset', hash, ':w', 1)
+  end
+end
+
+--@ helper lock_waited uses fmt
+-- lock_waited(queue, now): ms until the first live entry of a process waiting for the lock
+-- (its registry `queue`; not the read/write lock's own entries, rw_hint) runs out; nil when no
+-- process waits. New readers wait behind it, as behind a waiting writer (writer preference).
+local function lock_waited(queue, now)
+  local live = redis.call('zrangebyscore', queue, '(' .. fmt(now), '+inf', 'withscores')
+  for i = 1, #live, 2 do
+    if string.sub(live[i], -5) ~= ':wake' then
+      return math.max(1, tonumber(live[i + 1]) - now)
+    end
+  end
+  return nil
 end
 
 --@ helper rw_held uses now_ms fmt

@@ -6,8 +6,10 @@
 -- KEYS[5..11]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
 -- KEYS[12..14]  optional: the hash, the registry of waiting processes of the lock (DistLock,
 --          DistRLock, DistCondition) of the same name, and the readers' wake-up channel: while
---          that lock is held (or kept), a new read hold is refused, and the readers' channel
---          registered with it (rw_enlist), so that its release wakes them
+--          that lock is held (or kept), or a process waits for it (lock_waited: a waiting
+--          lock holder has a waiting writer's preference), a new read hold is refused, and
+--          the readers' channel registered with it (rw_enlist), so that its release (or the
+--          release after the waiting process' grant) wakes them
 -- ARGV[1]  owner id
 -- ARGV[2]  lease, ms
 -- ARGV[3]  fence TTL, ms: the lease plus the fence retention (see next_token); a re-entry
@@ -24,7 +26,7 @@
 --          until the earliest live queue entry runs out), or the lock of the same name is
 --          held (bound = its PTTL).
 -- The readers' key always keeps a TTL at least as long as its latest deadline.
---@ uses next_token outlive_fence held_reply wrong_kind rw_enlist
+--@ uses next_token outlive_fence held_reply wrong_kind rw_enlist lock_waited
 local owner, lease, reentry = ARGV[1], tonumber(ARGV[2]), ARGV[4] or ''
 local info = (ARGV[5] and ARGV[5] ~= '') and ('@' .. ARGV[5]) or ''
 local t = redis.call('time')
@@ -59,7 +61,7 @@ if KEYS[12] then
   local locked = redis.call('pttl', KEYS[12])
   if locked ~= -2 then
     -- the lock of this name is held: a name is one lock
-    rw_enlist(KEYS[12], KEYS[13], KEYS[14], locked)
+    rw_enlist(KEYS[12], KEYS[13], KEYS[14], locked, locked)
     return held_reply(KEYS[12], locked)
   end
 end
@@ -74,6 +76,12 @@ else
                            'withscores', 'limit', 0, 1)
   if #first > 0 then
     return -(math.max(1, tonumber(first[2]) - now) + 1)
+  end
+  local waited = KEYS[13] and lock_waited(KEYS[13], now)
+  if waited then
+    -- a process waits for the lock of this name: readers queue behind it
+    rw_enlist(KEYS[12], KEYS[13], KEYS[14], -2, waited)
+    return -(waited + 1)
   end
 end
 

@@ -85,7 +85,7 @@ if locked ~= -2 then
   -- the lock of this name is held: a name is one lock
   refused = held_reply(KEYS[13], locked)
   if mode == 'q' or mode == 'w' then
-    rw_enlist(KEYS[13], KEYS[14], KEYS[15], locked)
+    rw_enlist(KEYS[13], KEYS[14], KEYS[15], locked, locked)
   end
 elseif redis.call('exists', KEYS[1]) == 1 then
   refused = held_reply(KEYS[1])
