@@ -235,6 +235,20 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             signal.signal(sig, handler)
 
 
+def _wait(child: subprocess.Popen[bytes]) -> int:
+    """``child.wait()``, in slices. The kernel gives a process' signal to any of its threads
+    that does not block it: given to one of the session's threads, it does not interrupt a
+    blocking ``waitpid`` in the main thread, where Python runs its handlers, so the signal was
+    forwarded only when the command ended on its own (seen as a hung ``run`` under load). A
+    wait with a timeout polls ``waitpid`` between sleeps of at most 50 ms, between which the
+    forwarding handler runs."""
+    while True:
+        try:
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
                  previous: Dict[int, Any]) -> int:
     env = dict(os.environ)
@@ -278,7 +292,7 @@ def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
             if lost_early:
                 runner._stop_child(child)
             monitor.start()
-            returncode = child.wait()
+            returncode = _wait(child)
             status = returncode if returncode >= 0 else 128 - returncode
     finally:
         runner.stop()

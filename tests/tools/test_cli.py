@@ -321,6 +321,33 @@ def test_run_forwards_signals_and_releases(url: str, signame: str) -> None:
     assert state["held"] is False
 
 
+def test_run_forwards_a_signal_the_kernel_gave_to_another_thread() -> None:
+    """The kernel gives a process' signal to any thread that does not block it. One given to a
+    session thread did not interrupt run's blocking wait for its command in the main thread,
+    where Python runs the forwarding handler: run hung until the command ended on its own
+    (seen once in three full runs). Here the signal goes to another thread on purpose
+    (pthread_kill); the handler must still run while the command is waited for."""
+    from distlock._cli.run import _wait
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, args=(60,))
+    other.start()
+    previous = signal.signal(signal.SIGHUP, lambda signum, frame: child.terminate())
+    try:
+        threading.Timer(0.3, signal.pthread_kill, (other.ident, signal.SIGHUP)).start()
+        started = time.monotonic()
+        assert _wait(child) == -signal.SIGTERM
+        assert time.monotonic() - started < 30, "the handler ran only when the command ended"
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+        stop.set()
+        other.join(10)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
 @pytest.mark.real_redis
 def test_lost_lease_by_expiry_stops_the_command_and_exits_76(
         url: str, client: redis.Redis[Any]) -> None:
