@@ -177,7 +177,20 @@ class SemaphoreContract:
         twin = semtype.twin(1)
         twin.acquire()
         expected = outcome(lambda: twin.release(n))
-        assert expected[0] != "ok"
+        if expected[0] == "ok":
+            # From Python 3.12, threading.Semaphore takes a fractional count (it notifies n
+            # waiters at once; 3.9 to 3.11 raise TypeError from range(n)): compare with what
+            # this interpreter offers. distlock keeps the TypeError, since a count of permits
+            # is an int (the same documented deviation as the bounded case above).
+            assert n == 1.5 and not semtype.bounded, expected
+            if semtype.dist:
+                sem = semtype(1)
+                sem.acquire()
+                with pytest.raises(TypeError):
+                    sem.release(n)
+                assert sem.acquire(False) is False  # nothing released
+                sem.release()
+            return
         sem = semtype(1)
         sem.acquire()
         assert outcome(lambda: sem.release(n)) == expected
