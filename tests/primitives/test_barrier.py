@@ -12,6 +12,7 @@ import math
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -86,11 +87,16 @@ class BarrierContract:
         barrier = make(3)
         module = "distlock" if isinstance(barrier, DistBarrier) else "threading"
         cls = type(barrier).__qualname__
-        assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: waiters=0/3\b", repr(barrier))
+        # threading.Barrier has this repr from Python 3.11 on (before, object's): compare
+        # with what this interpreter's threading offers; distlock's has it everywhere
+        described = module == "distlock" or sys.version_info >= (3, 11)
+        if described:
+            assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: waiters=0/3\b", repr(barrier))
         assert (barrier.parties, barrier.n_waiting, barrier.broken) == (3, 0, False)
         barrier.abort()
         assert barrier.broken is True and barrier.n_waiting == 0
-        assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: broken\b", repr(barrier))
+        if described:
+            assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: broken\b", repr(barrier))
         barrier.reset()
         assert barrier.broken is False
 
