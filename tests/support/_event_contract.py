@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import threading
 import time
 import uuid
@@ -73,6 +74,8 @@ class EventContract:
         event = make()
         module = "distlock" if isinstance(event, DistEvent) else "threading"
         cls = type(event).__qualname__
+        if module == "threading" and sys.version_info < (3, 11):
+            return  # threading.Event describes itself from Python 3.11 on (before, object's repr)
         assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: unset\b", repr(event)), repr(event)
         event.set()
         assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: set\b", repr(event)), repr(event)
