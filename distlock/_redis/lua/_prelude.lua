@@ -174,7 +174,7 @@ local function wake_one(queue)
   return 0
 end
 
---@ helper rw_enlist uses now_ms
+--@ helper rw_enlist uses register_waiter
 -- rw_enlist(hash, queue, channel, pttl, bound): a try of the read/write lock of the same name
 -- was refused by this lock: its hash has `pttl` ms left, or (-2, no hash) processes wait for
 -- it. Flag the hold, if any, as waited on (':w') and register the read/write lock's channel in
@@ -183,11 +183,7 @@ end
 -- the lock, or the waiting process that leaves, hints it (rw_hint). A name is one lock
 -- (docs/guides/kinds.rst).
 local function rw_enlist(hash, queue, channel, pttl, bound)
-  local ms = math.max(bound, 0) + 1000
-  redis.call('zadd', queue, now_ms() + ms, channel)
-  if redis.call('pttl', queue) < ms then
-    redis.call('pexpire', queue, ms)
-  end
+  register_waiter(queue, channel, math.max(bound, 0) + 1000)
   if pttl ~= -2 then
     redis.call('hset', hash, ':w', 1)
   end
