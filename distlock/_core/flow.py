@@ -219,7 +219,10 @@ async def adrive(flow: Flow[T], port: APort, op: Optional[Op] = None) -> T:
         while True:
             asked = cancelling() if cancelling is not None else 0
             try:
-                reply = await op.to(port)
+                if cancelling is not None:
+                    reply = await op.to(port)
+                else:
+                    reply = await _whole(op.to(port))
             except BaseException as exc:  # noqa: BLE001 - a cancellation included: see above
                 op = flow.throw(_refused(exc, op))
             else:
@@ -232,6 +235,30 @@ async def adrive(flow: Flow[T], port: APort, op: Optional[Op] = None) -> T:
                     op = flow.send(reply)
     except StopIteration as stop:
         return stop.value  # type: ignore[no-any-return]
+
+
+async def _whole(coro: Coroutine[Any, Any, T]) -> T:
+    """``await coro``, for Python 3.9 and 3.10, where a cancellation can be swallowed on its
+    way (``asyncio.wait_for`` returns the result when its inner future finished as the
+    cancellation came, gh-86296) and, without ``Task.cancelling()``, leave no trace: the op
+    runs in a task of its own, which the caller awaits through ``asyncio.shield``. A
+    cancellation of the caller reaches it at once, and is then always delivered, whatever the
+    op did with the cancellation passed on to it; it is delivered only once the op has ended,
+    so the flow's next op (leaving a queue, giving a grant back) never overtakes it."""
+    inner = asyncio.ensure_future(coro)
+    try:
+        return await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        # a reply that came with the cancellation is dropped, as one cut off would be
+        inner.cancel()
+        while not inner.done():
+            try:
+                await asyncio.wait({inner})
+            except asyncio.CancelledError:
+                inner.cancel()  # cancelled again meanwhile: one cancellation is delivered
+        if not inner.cancelled():
+            inner.exception()  # retrieved: an error of the op is not "never retrieved"
+        raise
 
 
 class Started(Awaitable[T]):

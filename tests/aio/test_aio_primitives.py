@@ -120,6 +120,11 @@ def asleep(task: asyncio.Future[Any]) -> bool:
         code = getattr(link, "cr_code", None) or getattr(link, "gi_code", None)
         if code is not None and code.co_name == "sleep" and code.co_filename.endswith("_redis/apubsub.py"):
             return True
+        if code is not None and code.co_name == "_whole" and link.cr_frame is not None:
+            # Python < 3.11: the op runs in a task of its own, awaited through a shield
+            inner = link.cr_frame.f_locals.get("inner")
+            link = inner.get_coro() if inner is not None and not inner.done() else None
+            continue
         link = getattr(link, "cr_await", None) or getattr(link, "gi_yieldfrom", None)
     return False
 
