@@ -205,7 +205,7 @@ def _cpython_suite(base: Any, factory: Callable[..., Any], skips: Any, attr: str
 
     The tests named in ``held`` end with a hold the watchdog keeps renewing: they run last,
     and must pass, but their threads are not counted."""
-    from test.support import threading_helper
+    threading_helper = _threading_helper()
 
     class Suite(base):  # type: ignore[misc,valid-type]
         def setUp(self) -> None:
@@ -245,6 +245,17 @@ def _graced_cleanup(orig_count: int, *_rest: Any) -> None:
         time.sleep(0.01)
 
 
+def _threading_helper() -> Any:
+    """The module whose threading_setup and threading_cleanup lock_tests calls: 3.10 moved
+    them from test.support to test.support.threading_helper."""
+    try:
+        from test.support import threading_helper
+    except ImportError:  # Python 3.9
+        from test import support
+        return support
+    return threading_helper
+
+
 def _graced_setup() -> Any:
     return _thread._count(), len(threading._dangling)  # type: ignore[attr-defined]
 
@@ -252,12 +263,13 @@ def _graced_setup() -> Any:
 def _run_cpython_suite(suite: unittest.TestSuite, at_least: int) -> None:
     """Run ``suite``: every test must pass, and its threads must end (see _cpython_suite)."""
     from test import support
-    from test.support import threading_helper
 
     if sys.version_info < (3, 11):
+        # where lock_tests finds them: test.support.threading_helper from 3.10, test.support
+        helper = _threading_helper()
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(threading_helper, "threading_setup", _graced_setup)
-            patch.setattr(threading_helper, "threading_cleanup", _graced_cleanup)
+            patch.setattr(helper, "threading_setup", _graced_setup)
+            patch.setattr(helper, "threading_cleanup", _graced_cleanup)
             _run_graced(suite, at_least, support)
     else:
         _run_graced(suite, at_least, support)
