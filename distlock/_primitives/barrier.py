@@ -52,7 +52,7 @@ from .engine import Waiting, waiting_flow
 def check_parties(parties: object) -> int:
     """A barrier's parties: an integer, at least 1 (``threading`` checks neither before Python
     3.13; a barrier of 0 parties would never trip)."""
-    count = operator.index(parties)  # type: ignore[arg-type]
+    count = int(operator.index(parties))  # type: ignore[arg-type]  # int(): True is 1
     if count < 1:
         raise ValueError("parties must be >= 1")
     return int(count)

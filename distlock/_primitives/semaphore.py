@@ -57,7 +57,7 @@ def check_sem_value(value: object) -> int:
     TypeError), at most ``MAX_PERMITS`` (OverflowError)."""
     if value < 0:  # type: ignore[operator]  # TypeError for non-numbers, as threading
         raise ValueError("semaphore initial value must be >= 0")
-    count = operator.index(value)  # type: ignore[arg-type]
+    count = int(operator.index(value))  # type: ignore[arg-type]  # int(): True is 1
     if count > MAX_PERMITS:
         raise OverflowError(f"semaphore initial value must be at most 2**53 - 1, not {count}")
     return count
@@ -90,7 +90,7 @@ def check_release_n(n: object) -> int:
     anything)."""
     if n < 1:  # type: ignore[operator]
         raise ValueError("n must be one or more")
-    count = operator.index(n)  # type: ignore[arg-type]
+    count = int(operator.index(n))  # type: ignore[arg-type]  # int(): True is 1
     if count > MAX_PERMITS:
         raise OverflowError(f"n must be at most 2**53 - 1, not {count}")
     return count

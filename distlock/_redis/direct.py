@@ -157,7 +157,7 @@ def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
 
 
 def _reads_with_timeout() -> bool:
-    """redis-py's ``Connection.read_response`` takes a ``timeout`` (5.0+)."""
+    """redis-py's ``Connection.read_response`` takes a ``timeout`` (8.0 does; 7.0 does not)."""
     try:
         return "timeout" in inspect.signature(redis.Connection.read_response).parameters
     except (TypeError, ValueError):
@@ -172,9 +172,20 @@ def read_bounded(conn: Any) -> Any:
     socket timeout of its own (a user's client made with ``socket_timeout=None``): every round
     trip distlock makes is bounded (docs/design.rst, principle 14). A read that times out
     raises redis-py's TimeoutError and drops the connection, as redis-py's own timeout does."""
-    if _READ_TIMEOUT and getattr(conn, "socket_timeout", 0) is None:
+    if getattr(conn, "socket_timeout", 0) is not None:
+        return conn.read_response()
+    if _READ_TIMEOUT:
         return conn.read_response(timeout=DEFAULT_IO_TIMEOUT)
-    return conn.read_response()
+    # older redis-py (7.0, the newest for Python 3.9): the socket's own timeout, for this read
+    sock: Any = getattr(conn, "_sock", None)
+    if sock is None:
+        return conn.read_response()
+    sock.settimeout(DEFAULT_IO_TIMEOUT)
+    try:
+        return conn.read_response()
+    finally:
+        if conn._sock is sock:  # still connected: the client's own again
+            sock.settimeout(None)
 
 
 def _pooled(pool: Any) -> Callable[..., Any]:

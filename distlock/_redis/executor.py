@@ -339,8 +339,14 @@ def demoted(exc: BaseException) -> bool:
         isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
 
 
-def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.ResponseError:
-    """``exc`` with its line numbers in the script's own files (see ``_redis.scripts.locate``)."""
+def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.RedisError:
+    """``exc`` with its line numbers in the script's own files (see ``_redis.scripts.locate``);
+    AuthenticationError for a server that refused the script for want of a password (Redis 7
+    answers a long command of an unauthenticated client with a protocol error, not NOAUTH,
+    and closes the connection; redis-py before 8 does not fail at connect)."""
+    if str(exc).startswith("Protocol error: unauthenticated"):
+        return redis.exceptions.AuthenticationError(
+            f"the server asks for a password, and this client gave none that it took ({exc})")
     message = locate(name, str(exc))
     if message == str(exc):
         return exc
