@@ -78,6 +78,9 @@ def loop() -> asyncio.AbstractEventLoop:
     global _loop
     if _loop is None or _loop.is_closed():
         _loop = asyncio.new_event_loop()
+        # the current loop too: on Python 3.9 what is built outside it (a client's pool and
+        # its asyncio.Lock) binds the current loop, which would otherwise be another one
+        asyncio.set_event_loop(_loop)
     return _loop
 
 
@@ -104,6 +107,7 @@ def aclient_for(client: Any) -> Any:
     key = (kw.get("host"), kw.get("port"), kw.get("db", 0), kw.get("client_name"))
     found = _aclients.get(key)
     if found is None:
+        loop()  # made, and current, first: Python 3.9 binds the pool's lock to it
         found = _aclients[key] = aredis.Redis(host=key[0], port=key[1], db=key[2],
                                               client_name=key[3], socket_timeout=None,
                                               max_connections=MAX_CONNECTIONS)

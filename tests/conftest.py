@@ -66,6 +66,28 @@ class Backend:
         return fakeredis.FakeRedis(server=self.fake_server, **kwargs)
 
 
+@pytest.fixture(autouse=True)
+def _a_main_loop_as_a_fresh_process_has() -> Iterator[None]:
+    """Python 3.9: asyncio objects built outside a running loop (``asyncio.Lock()``, a
+    redis.asyncio client and its pool) bind the main thread's current loop, which
+    ``asyncio.get_event_loop()`` makes in a fresh process but refuses to make after any
+    ``asyncio.run`` (RuntimeError "There is no current event loop"): a test that builds one
+    outside a loop passed or failed by the tests before it. Each test starts as a fresh
+    process would; the loop is closed after it. (3.10 and later bind no loop at construction.)"""
+    if sys.version_info >= (3, 10) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        yield
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
 @pytest.fixture(scope="session")
 def backend() -> Iterator[Backend]:
     url = os.environ.get("DISTLOCK_TEST_REDIS_URL")

@@ -19,22 +19,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 import redis
 import redis.asyncio as aredis
+from _sentinel import aclose_sentinel
 
 from distlock._redis.urls import async_client_from_url
 
 BOUND = 60.0
 _names = itertools.count(1)
-
-
-async def aclose_sentinel(manager: Any) -> None:
-    """Close a ``redis.asyncio.sentinel.Sentinel``'s clients of its sentinels: its ``aclose()``
-    where redis-py has one; redis-py 7.0 (the newest on Python 3.9) has none, so one by one."""
-    aclose = getattr(manager, "aclose", None)
-    if aclose is not None:
-        await aclose()
-        return
-    for sentinel in manager.sentinels:
-        await sentinel.aclose()
 
 
 class AioRunner:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import threading
 import time
 import uuid
@@ -93,6 +94,8 @@ class SemaphoreContract:
         module = "distlock" if semtype.dist else "threading"
         cls = type(sem).__qualname__
         shown = "3/3" if semtype.bounded else "3"
+        if not semtype.dist and sys.version_info < (3, 11):
+            return  # threading's semaphores describe themselves from Python 3.11 on
         assert re.match(rf"^<{module}\.{cls} at 0x[0-9a-f]+: value={shown}\b", repr(sem)), repr(sem)
         sem.acquire()
         assert f"value={'2/3' if semtype.bounded else '2'}" in repr(sem)

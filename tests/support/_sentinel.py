@@ -439,3 +439,25 @@ class SentinelSet:
         return "\n".join(f"--- {'sentinel' if isinstance(n, _SentinelNode) else 'node'} {n.port} "
                          f"({'running' if n.alive() else 'down'}):\n{n.log_tail(chars)}"
                          for n in [*self.nodes, *self.sentinels])
+
+
+
+def close_sentinel(manager: Any) -> None:
+    """Close a ``redis.sentinel.Sentinel``'s clients of its sentinels: its ``close()`` where
+    redis-py has one; redis-py 7.0 (the newest on Python 3.9) has none, so one by one."""
+    close = getattr(manager, "close", None)
+    if close is not None:
+        close()
+        return
+    for sentinel in manager.sentinels:
+        sentinel.close()
+
+
+async def aclose_sentinel(manager: Any) -> None:
+    """``close_sentinel`` for ``redis.asyncio.sentinel.Sentinel`` (``aclose()``)."""
+    aclose = getattr(manager, "aclose", None)
+    if aclose is not None:
+        await aclose()
+        return
+    for sentinel in manager.sentinels:
+        await sentinel.aclose()

@@ -23,7 +23,7 @@ import redis
 import redis.asyncio.sentinel
 import redis.sentinel
 from _procs import SPAWN
-from _sentinel import SentinelSet
+from _sentinel import SentinelSet, aclose_sentinel, close_sentinel
 
 import distlock
 import distlock.asyncio as aio
@@ -183,7 +183,7 @@ async def _aclose(aclient: Any) -> None:
             break
         await asyncio.sleep(0.02)
     await aclient.aclose()
-    await aclient.connection_pool.sentinel_manager.aclose()
+    await aclose_sentinel(aclient.connection_pool.sentinel_manager)
 
 
 def test_a_sentinel_url_serves_both_shells(sentinel_set: SentinelSet, sentinel_url: str) -> None:
@@ -251,7 +251,7 @@ def test_a_replica_client_is_refused_with_a_clear_type_error(sentinel_set: Senti
             distlock.configure(replica)
     finally:
         replica.close()
-        manager.close()
+        close_sentinel(manager)
     amanager = redis.asyncio.sentinel.Sentinel(sentinel_set.sentinel_addrs)
     with pytest.raises(TypeError, match="master_for"):
         aio.DistLock("x", client=amanager.slave_for("distlock"))
@@ -668,7 +668,7 @@ def test_a_script_that_meets_readonly_goes_once_more_to_the_master_the_sentinels
         asyncio.run(body())
     finally:
         client.close()
-        manager.close()
+        close_sentinel(manager)
         master.close()
 
 
