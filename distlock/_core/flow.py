@@ -213,16 +213,18 @@ async def adrive(flow: Flow[T], port: APort, op: Optional[Op] = None) -> T:
     op, when the caller has already stepped it there (see ``start``)."""
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    # Python 3.9 and 3.10: see ``_whole`` (a task that cannot be cancelled needs no care)
+    whole = cancelling is None and not isinstance(task, _Unstoppable)
     try:
         if op is None:
             op = next(flow)
         while True:
             asked = cancelling() if cancelling is not None else 0
             try:
-                if cancelling is not None:
-                    reply = await op.to(port)
+                if whole and type(op) in _SWALLOWING:
+                    reply = await _whole(op.to(port), type(op) is Run)
                 else:
-                    reply = await _whole(op.to(port))
+                    reply = await op.to(port)
             except BaseException as exc:  # noqa: BLE001 - a cancellation included: see above
                 op = flow.throw(_refused(exc, op))
             else:
@@ -237,28 +239,41 @@ async def adrive(flow: Flow[T], port: APort, op: Optional[Op] = None) -> T:
         return stop.value  # type: ignore[no-any-return]
 
 
-async def _whole(coro: Coroutine[Any, Any, T]) -> T:
+#: the ops whose I/O goes through ``asyncio.wait_for`` (redis-py's writes, the port's bound
+#: on Python < 3.11, a subscription's): a sleep, a leave and a slot never do
+_SWALLOWING = (Run, Read, Join)
+
+
+async def _whole(coro: Coroutine[Any, Any, T], cut: bool) -> T:
     """``await coro``, for Python 3.9 and 3.10, where a cancellation can be swallowed on its
     way (``asyncio.wait_for`` returns the result when its inner future finished as the
     cancellation came, gh-86296) and, without ``Task.cancelling()``, leave no trace: the op
     runs in a task of its own, which the caller awaits through ``asyncio.shield``. A
-    cancellation of the caller reaches it at once, and is then always delivered, whatever the
-    op did with the cancellation passed on to it; it is delivered only once the op has ended,
-    so the flow's next op (leaving a queue, giving a grant back) never overtakes it."""
+    cancellation of the caller reaches it at once and is passed on to the op; the caller
+    waits for the op to end (the flow's next op never overtakes it), then:
+
+    - the op was cut off, or failed: CancelledError, which the flow is thrown;
+    - it finished all the same: for a script (``cut``), CancelledError too, as if the
+      cancellation had cut its reply off (the flow reads what it did and gives back a grant
+      that happened); for a read or a subscription, the reply (the flow needs a waiter to
+      take it off its channel), and the cancellation is asked again, to land where the task
+      next waits, as it would have with no task between."""
     inner = asyncio.ensure_future(coro)
     try:
         return await asyncio.shield(inner)
     except asyncio.CancelledError:
-        # a reply that came with the cancellation is dropped, as one cut off would be
         inner.cancel()
         while not inner.done():
             try:
                 await asyncio.wait({inner})
             except asyncio.CancelledError:
-                inner.cancel()  # cancelled again meanwhile: one cancellation is delivered
-        if not inner.cancelled():
-            inner.exception()  # retrieved: an error of the op is not "never retrieved"
-        raise
+                pass  # cancelled again meanwhile: one cancellation is delivered
+        if inner.cancelled() or inner.exception() is not None or cut:
+            raise
+    task = asyncio.current_task()
+    assert task is not None
+    task.cancel()  # at the next await
+    return inner.result()
 
 
 class Started(Awaitable[T]):

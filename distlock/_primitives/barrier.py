@@ -55,7 +55,7 @@ def check_parties(parties: object) -> int:
     count = int(operator.index(parties))  # type: ignore[arg-type]  # int(): True is 1
     if count < 1:
         raise ValueError("parties must be >= 1")
-    return int(count)
+    return count
 
 
 def check_barrier_timeout(timeout: object) -> Optional[float]:

@@ -38,7 +38,7 @@ from redis.asyncio import sentinel as asentinel
 
 from .apubsub import AsyncDispatcher
 from .clients import DEFAULT_IO_TIMEOUT
-from .direct import packer, taker
+from .direct import packer, protocol_error, taker
 from .executor import NOSCRIPT_TRIES, SCRIPT_CONCURRENCY, demoted, located
 from .failpoints import FailPoints
 from .pubsub import Waiter
@@ -301,8 +301,12 @@ class AsyncPort:
             raise
         try:
             reply = await self._exchange(conn, packed, then is not None)
-        except redis.exceptions.ResponseError:
-            self._keep(conn)  # the whole reply was read: the connection is clean
+        except redis.exceptions.ResponseError as exc:
+            if protocol_error(exc):  # the server closes the connection after this answer
+                await conn.disconnect(nowait=True)
+                await self._give(conn)
+            else:
+                self._keep(conn)  # the whole reply was read: the connection is clean
             raise
         except BaseException:
             await self._give(conn)

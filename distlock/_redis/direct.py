@@ -185,7 +185,13 @@ def read_bounded(conn: Any) -> Any:
         return conn.read_response()
     finally:
         if conn._sock is sock:  # still connected: the client's own again
-            sock.settimeout(None)
+            sock.settimeout(conn.socket_timeout)
+
+
+def protocol_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis' "Protocol error: ..." answer, after which the server closes
+    the connection (a command too long for an unauthenticated client, among others)."""
+    return str(exc).startswith("Protocol error")
 
 
 def _pooled(pool: Any) -> Callable[..., Any]:
@@ -199,8 +205,10 @@ def _pooled(pool: Any) -> Callable[..., Any]:
         try:
             conn.send_packed_command(packed)
             return read_bounded(conn)
-        except redis.exceptions.ResponseError:
-            raise  # the whole reply was read: the connection is clean
+        except redis.exceptions.ResponseError as exc:
+            if protocol_error(exc):
+                conn.disconnect()  # the server closes it after such an answer
+            raise  # else the whole reply was read: the connection is clean
         except BaseException:
             conn.disconnect()  # a reply may be left half-read on the socket
             raise
@@ -257,8 +265,10 @@ def _pooled_pair(pool: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]
         try:
             conn.send_packed_command(packed)
             return read_pair(conn)
-        except redis.exceptions.ResponseError:
-            raise  # both replies were read: the connection is clean
+        except redis.exceptions.ResponseError as exc:
+            if protocol_error(exc):
+                conn.disconnect()  # the server closes it after such an answer
+            raise  # else both replies were read: the connection is clean
         except BaseException:
             conn.disconnect()  # a reply may be left half-read on the socket
             raise

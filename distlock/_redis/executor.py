@@ -51,7 +51,8 @@ from .direct import closed_idle, disconnect_quietly, pair_sender, sender, taker,
 from .failpoints import FailPoints
 from .scripts import locate, script_names, script_source
 
-__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "located", "demoted"]
+__all__ = ["Executor", "Batch", "SCRIPT_CONCURRENCY", "NOSCRIPT_TRIES", "located", "demoted",
+           "Unauthenticated"]
 
 #: How many scripts one executor has in flight at once (its connections stay at most this many,
 #: plus the pub/sub and watchdog ones).
@@ -339,13 +340,18 @@ def demoted(exc: BaseException) -> bool:
         isinstance(exc.__context__, redis.exceptions.ReadOnlyError)
 
 
+class Unauthenticated(redis.exceptions.AuthenticationError, redis.exceptions.ResponseError):
+    """A script the server refused for want of a password: an AuthenticationError to the
+    caller, and an error reply to a flow (the script did not run: nothing to undo)."""
+
+
 def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.RedisError:
     """``exc`` with its line numbers in the script's own files (see ``_redis.scripts.locate``);
     AuthenticationError for a server that refused the script for want of a password (Redis 7
     answers a long command of an unauthenticated client with a protocol error, not NOAUTH,
     and closes the connection; redis-py before 8 does not fail at connect)."""
     if str(exc).startswith("Protocol error: unauthenticated"):
-        return redis.exceptions.AuthenticationError(
+        return Unauthenticated(
             f"the server asks for a password, and this client gave none that it took ({exc})")
     message = locate(name, str(exc))
     if message == str(exc):

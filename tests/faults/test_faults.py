@@ -696,17 +696,18 @@ def test_9_mutual_exclusion_with_sigstops(url: str, client: Any, tmp_path: Any, 
     procs = faults.start_checkers(url, kind, name, processes, holds, lease, {}, res, str(tmp_path),
                                   min_seconds=10.0)
     rng = random.Random(7)
-    stopped = 0
+    stopped = inside = 0
     try:
         deadline = time.monotonic() + 300
         while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
             time.sleep(0.05 + rng.random() * 0.2)
-            if stopped >= 6:
+            # 3 to 6 stops, and more (up to 12) until one stopped a holder inside its hold
+            if stopped >= 12 or (stopped >= 6 and inside) or (stopped >= 3 and inside >= 2):
                 continue
-            info = None
+            info = held = None
             for key in client.scan_iter(match=f"distlock:{{{name}}}*"):
                 if client.type(key) == b"hash" and client.hexists(key, ":i"):
-                    info = client.hget(key, ":i")
+                    info, held = client.hget(key, ":i"), key
             if not info:
                 continue
             pid = int(info.rsplit(b":", 1)[1])
@@ -714,6 +715,11 @@ def test_9_mutual_exclusion_with_sigstops(url: str, client: Any, tmp_path: Any, 
                 continue
             os.kill(pid, signal.SIGSTOP)
             try:
+                # Stopped while the hold is still in Redis, once a release it may have sent
+                # has surely been served: that hold ends stopped, past its lease (on a loaded
+                # machine the holder may have released between the look and the stop).
+                time.sleep(0.1)
+                inside += client.hget(held, ":i") == info
                 time.sleep(lease * 2.5)
             finally:
                 os.kill(pid, signal.SIGCONT)
@@ -728,6 +734,7 @@ def test_9_mutual_exclusion_with_sigstops(url: str, client: Any, tmp_path: Any, 
                 proc.kill()
                 proc.join(timeout=10)
     assert stopped >= 3
+    assert inside, "no stop fell inside a hold"
     intervals = faults.read_intervals(str(tmp_path), processes)
     good = [iv for iv in intervals if iv[3] == "ok"]
     assert faults.overlaps(good) == []

@@ -100,7 +100,7 @@ def semaphore_machine(factory: Callable[[int], Any], bounded: bool) -> type:
         def repr_shows_the_count(self) -> None:
             if not hasattr(self, "sem"):
                 return
-            if not isinstance(self.sem, DistSemaphore) and sys.version_info < (3, 11):
+            if type(self.sem).__module__ == "threading" and sys.version_info < (3, 11):
                 return  # threading's semaphores describe themselves from Python 3.11 on
             shown = f"{self.count}/{self.initial}" if bounded else f"{self.count}"
             assert f"value={shown}" in repr(self.sem), (repr(self.sem), self.count)

@@ -56,9 +56,11 @@ def test_outcomes_waits_holds_and_handoffs_of_a_lock(client: Any, backend: Any) 
     mine.acquire()
     assert not theirs.acquire(blocking=False)           # refused
     assert not theirs.acquire(timeout=0.2)              # timeout, after waiting
-    threading.Timer(0.3, mine.release).start()
+    releaser = threading.Timer(0.3, mine.release)
+    releaser.start()
     assert theirs.acquire(timeout=10)                   # acquired after waiting, woken by a hint
     theirs.release()
+    releaser.join(10)  # the hand-off can come before the release records its hold's length
     row = _series("lock", "orders")
     assert row["acquire"] == {"acquired": 5, "timeout": 1, "refused": 1, "error": 0}
     assert row["waited"] == 2
