@@ -834,10 +834,7 @@ def test_condition_over_a_task_reentrant_lock_and_a_write_lock(url: str, client:
 
 
 def test_condition_refuses_a_lock_it_cannot_await(url: str, client: redis.Redis) -> None:
-    async def an_asyncio_lock() -> asyncio.Lock:  # in a loop: Python 3.9 binds it to one
-        return asyncio.Lock()
-    for lock in (distlock.DistLock("x", client=client), asyncio.run(an_asyncio_lock()),
-                 threading.Lock()):
+    for lock in (distlock.DistLock("x", client=client), asyncio.Lock(), threading.Lock()):
         with pytest.raises(TypeError, match="distlock.asyncio lock"):
             aio.DistCondition("x", lock)
 
@@ -1951,19 +1948,14 @@ def test_client_kinds_are_checked(url: str, client: redis.Redis, cls: str, args:
         acls(*args, client=client)  # a blocking client, to an asyncio class
     assert f"use distlock.{cls} with it" in str(info.value)
     assert f"distlock.asyncio.{cls} a redis.asyncio.Redis" in str(info.value)
-
-    async def in_a_loop() -> None:  # redis-py's asyncio client binds a loop on Python 3.9
-        aclient = aredis.Redis.from_url(url)
-        try:
-            with pytest.raises(TypeError, match=r"asyncio client: use distlock\.asyncio\."):
-                scls(*args, client=aclient)  # and the other way round
-            with pytest.raises(TypeError, match="client must be"):
-                acls(*args, client=42)
-            acls(*args, client=aclient)  # the right kinds, and a URL, are taken (no I/O yet)
-            acls(*args, client=url)
-        finally:
-            await aclient.aclose()
-    asyncio.run(in_a_loop())
+    aclient = aredis.Redis.from_url(url)
+    with pytest.raises(TypeError, match=r"asyncio client: use distlock\.asyncio\."):
+        scls(*args, client=aclient)  # and the other way round
+    with pytest.raises(TypeError, match="client must be"):
+        acls(*args, client=42)
+    acls(*args, client=aclient)  # the right kinds, and a URL, are taken (no I/O yet)
+    acls(*args, client=url)
+    asyncio.run(aclient.aclose())
 
 
 def test_primitives_of_a_url_client_work(url: str, client: redis.Redis) -> None:
