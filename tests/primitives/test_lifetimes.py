@@ -264,31 +264,24 @@ def _run_cpython_suite(suite: unittest.TestSuite, at_least: int) -> None:
     """Run ``suite``: every test must pass, and its threads must end (see _cpython_suite)."""
     from test import support
 
-    if sys.version_info < (3, 11):
-        # where lock_tests finds them: test.support.threading_helper from 3.10, test.support
-        helper = _threading_helper()
-        with pytest.MonkeyPatch.context() as patch:
+    altered = []
+    with pytest.MonkeyPatch.context() as patch:
+        if sys.version_info < (3, 11):
+            helper = _threading_helper()  # where lock_tests finds them
             patch.setattr(helper, "threading_setup", _graced_setup)
             patch.setattr(helper, "threading_cleanup", _graced_cleanup)
-            _run_graced(suite, at_least, support)
-    else:
-        _run_graced(suite, at_least, support)
-
-
-def _run_graced(suite: unittest.TestSuite, at_least: int, support: Any) -> None:
-    altered = []
-    for test in suite:
-        # A thread that never ends alters the environment every time; one that ended a little
-        # late on a loaded machine (CPython's bound is 1 s) does not do it twice.
-        for _attempt in range(2):
-            support.environment_altered = False
-            result = unittest.TestResult()
-            test.run(result)
-            assert result.wasSuccessful(), result.failures + result.errors
-            if not support.environment_altered:
-                break
-        else:
-            altered.append(test.id())
+        for test in suite:
+            # A thread that never ends alters the environment every time; one that ended a
+            # little late on a loaded machine (CPython's bound is 1 s) does not do it twice.
+            for _attempt in range(2):
+                support.environment_altered = False
+                result = unittest.TestResult()
+                test.run(result)
+                assert result.wasSuccessful(), result.failures + result.errors
+                if not support.environment_altered:
+                    break
+            else:
+                altered.append(test.id())
     assert suite.countTestCases() >= at_least
     assert not altered, f"threads outlived these tests: {altered}"
 
