@@ -189,7 +189,7 @@ class SentinelSet:
         _OPEN.discard(self)
         for made in self._clients:
             try:
-                made.close()
+                close_sentinel(made)
             except Exception:  # noqa: BLE001 - going away
                 pass
         self._clients.clear()
@@ -439,7 +439,6 @@ class SentinelSet:
         return "\n".join(f"--- {'sentinel' if isinstance(n, _SentinelNode) else 'node'} {n.port} "
                          f"({'running' if n.alive() else 'down'}):\n{n.log_tail(chars)}"
                          for n in [*self.nodes, *self.sentinels])
-
 
 
 def close_sentinel(manager: Any) -> None:
