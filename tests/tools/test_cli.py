@@ -44,18 +44,22 @@ from distlock.testing.server import free_port
 TIMEOUT = 60  # seconds: the bound of every subprocess call here
 
 # A child that says when it is ready, reports the signal it gets, and exits 3 on it.
-# The handler does no I/O through sys.stdout: a handler runs in the main thread between any
-# two bytecodes, even inside print("ready")'s flush, which holds stdout's buffer, and a print
-# from it then fails with "reentrant call inside <_io.BufferedWriter name='<stdout>'>". It
-# writes the signal number to a pipe with os.write; the main thread waits on the pipe and
-# reports.
+# The signal reaches it through signal.set_wakeup_fd: the C-level handler writes the signal's
+# number to a pipe the moment it arrives, and the main thread waits on that pipe. Two simpler
+# children failed under load:
+# - one printed from a Python-level handler, which runs in the main thread between any two
+#   bytecodes, even inside print("ready")'s flush, and failed with "reentrant call inside
+#   <_io.BufferedWriter name='<stdout>'>";
+# - one wrote to the pipe from a Python-level handler, and missed about one signal in a hundred:
+#   a signal that arrives after the interpreter's last check and before select() blocks runs
+#   its Python handler only when select() returns, 60 s later.
 TRAPPING_CHILD = """
 import os, select, signal, sys
 r, w = os.pipe()
-def handler(signum, frame):
-    os.write(w, bytes([signum]))
+os.set_blocking(w, False)
+signal.set_wakeup_fd(w)
 for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(s, handler)
+    signal.signal(s, lambda signum, frame: None)
 print("ready", flush=True)
 if select.select([r], [], [], 60)[0]:
     print("got", os.read(r, 1)[0], flush=True)
