@@ -1,11 +1,26 @@
 """Tools for testing code that uses distlock: what distlock's own tests use, made public.
 
-``RedisServer`` starts a private ``redis-server`` (or ``$DISTLOCK_SERVER_BIN``: a
-``valkey-server``, say) on a free loopback port, with no persistence, and stops it; its ``url``
-is what to give ``client=``. ``free_port`` and ``redis_server_binary`` are its helpers.
+- ``RedisServer`` starts a private ``redis-server`` (or ``$DISTLOCK_SERVER_BIN``: a
+  ``valkey-server``, say) on a free loopback port, with no persistence, and stops it; its
+  ``url`` is what to give ``client=``. ``free_port`` and ``redis_server_binary`` are its
+  helpers.
+- ``FaultProxy(host, port)`` sits between clients and one server and, per direction, passes,
+  delays, blackholes or drops replies, and resets every connection on demand.
+- ``History`` records what each process believed it held, its fenced writes and the faults;
+  ``check_history`` reports overlapping beliefs, tokens that went backwards, stale writes the
+  fenced store took, and how long the lock took to be taken again after each fault.
+- ``distlock.testing.pytest_plugin`` (opt-in) gives the fixtures ``distlock_server`` and
+  ``fault_proxy``.
+
 Importing this package imports neither pytest nor any server: nothing starts until asked.
 """
 
+from .history import BELIEF_ENDS, Fault, History, Hold, Report, Write, check_history
+from .proxy import DIRECTIONS, FaultProxy
 from .server import RedisServer, free_port, redis_server_binary
 
-__all__ = ["RedisServer", "free_port", "redis_server_binary"]
+__all__ = [
+    "RedisServer", "free_port", "redis_server_binary",
+    "FaultProxy", "DIRECTIONS",
+    "History", "Hold", "Write", "Fault", "Report", "check_history", "BELIEF_ENDS",
+]

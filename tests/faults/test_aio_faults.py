@@ -53,7 +53,7 @@ PUBSUB_FAULTS = ["client-kill", "proxy-reset", "proxy-drop"]
 @pytest.fixture
 def proxy(url: str) -> Iterator[FaultProxy]:
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    with FaultProxy(port) as px:
+    with FaultProxy("127.0.0.1", port) as px:
         yield px
 
 
@@ -367,7 +367,7 @@ def test_4_pubsub_connection_killed_while_tasks_wait(url: str, client: Any, prox
         elif how == "proxy-reset":
             assert proxy.reset_pubsub() >= 1
         else:
-            proxy.set_drop_pubsub(True)
+            proxy.drop_pubsub(True)
         if how != "proxy-drop":
             # a new pub/sub connection of the loop is subscribed to the channel again
             assert faults.wait_until(
@@ -384,7 +384,7 @@ def test_4_pubsub_connection_killed_while_tasks_wait(url: str, client: Any, prox
     assert len(got) == 3
     if kind != "DistSemaphore":
         assert len(set(got)) == 3 and all(isinstance(t, int) for t in got)
-    proxy.set_drop_pubsub(False)
+    proxy.drop_pubsub(False)
 
 
 # --- 5. the server stops answering during acquire(timeout=1) -------------------------------
@@ -423,7 +423,7 @@ def test_5_server_stops_answering_during_async_acquire(backend: Any, url: str, c
             time.sleep(0.3)
             proxy.blackhole()
         elif when == "latency":
-            proxy.set_latency(SOCKET_TIMEOUT * 0.8)  # each way: every reply comes too late
+            proxy.delay(SOCKET_TIMEOUT * 0.8 * 1000)  # each way: every reply comes too late
             worker = ATask(aio, attempt)
         else:
             os.kill(server_pid, signal.SIGSTOP)
@@ -443,7 +443,7 @@ def test_5_server_stops_answering_during_async_acquire(backend: Any, url: str, c
         if stopped:
             os.kill(server_pid, signal.SIGCONT)
         proxy.heal()
-        proxy.set_latency(0.0)
+        proxy.delay(0)
         other.release()
 
     async def works_again() -> bool:
@@ -644,7 +644,7 @@ def test_event_async_waiters_survive_restart_and_pubsub_faults(backend: Any, url
         elif fault == "proxy-reset":
             assert proxy.reset_pubsub() >= 1
         else:
-            proxy.set_drop_pubsub(True)
+            proxy.drop_pubsub(True)
         if fault != "proxy-drop":
             assert faults.wait_until(
                 lambda: bool(pubsub_clients(client) - before) and numsub(client, keys.channel) >= 1,
@@ -662,5 +662,5 @@ def test_event_async_waiters_survive_restart_and_pubsub_faults(backend: Any, url
             assert waiter.result is True, "set() did not wake a waiting task"
             assert waiter.ended_at - released < 20.0
     aio.call(lambda: event.clear())
-    proxy.set_drop_pubsub(False)
+    proxy.drop_pubsub(False)
     assert faults.wait_until(lambda: at_rest(client, name) == [], 10), at_rest(client, name)

@@ -54,7 +54,7 @@ SLACK = 3.0
 def proxy(backend: Any, url: str) -> Iterator[FaultProxy]:
     assert backend.server is not None or url
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    with FaultProxy(port) as px:
+    with FaultProxy("127.0.0.1", port) as px:
         try:
             yield px
         finally:
@@ -333,7 +333,7 @@ def test_4_pubsub_connection_killed_while_waiting(
         elif how == "proxy-reset":
             assert proxy.reset_pubsub() >= 1
         else:
-            proxy.set_drop_pubsub(True)
+            proxy.drop_pubsub(True)
         if how != "proxy-drop":
             # A new pub/sub connection (the dispatcher's, or redis-py's own retry inside it)
             # is subscribed to the channel again.
@@ -380,7 +380,7 @@ def test_5_blackhole_during_acquire(client: Any, proxy: FaultProxy, kind: str, w
             time.sleep(0.3)
             proxy.blackhole()
         else:
-            proxy.set_latency(SOCKET_TIMEOUT * 0.8)  # each way: every reply comes too late
+            proxy.delay(SOCKET_TIMEOUT * 0.8 * 1000)  # each way: every reply comes too late
             worker = start(attempt)
         worker.finish(60)
         assert worker.elapsed <= 1.0 + 2 * B + SLACK, worker.elapsed
@@ -392,7 +392,7 @@ def test_5_blackhole_during_acquire(client: Any, proxy: FaultProxy, kind: str, w
         assert not victim.owned()
     finally:
         proxy.heal()
-        proxy.set_latency(0.0)
+        proxy.delay(0)
         other.release()
         victim_client.close()
 
@@ -1103,7 +1103,7 @@ def test_a_reset_link_suspends_belief_until_a_renewal_confirms_it(
         token = lock.token
         time.sleep(0.3)  # the watchdog's own connection is open (it opens with the first hold)
         with caplog.at_level("INFO", logger="distlock"):
-            assert proxy.reset_all() > 0
+            assert proxy.reset() > 0
             assert faults.wait_until(
                 lambda: any("not believed until a renewal confirms" in r.getMessage()
                             for r in caplog.records), 5.0), "the reset did not suspend belief"

@@ -58,7 +58,7 @@ pytestmark = needs_sync
 @pytest.fixture
 def proxy(url: str) -> Iterator[FaultProxy]:
     port = int(url.rsplit(":", 1)[1].split("/")[0])
-    with FaultProxy(port) as px:
+    with FaultProxy("127.0.0.1", port) as px:
         yield px
 
 
@@ -147,7 +147,7 @@ def break_pubsub(how: str, client: Any, proxy: FaultProxy, channel: str) -> None
     elif how == "proxy-reset":
         assert proxy.reset_pubsub() >= 1
     else:
-        proxy.set_drop_pubsub(True)
+        proxy.drop_pubsub(True)
         return
     assert faults.wait_until(
         lambda: bool(pubsub_clients(client) - before) and numsub(client, channel) >= 1, 10), \

@@ -3,9 +3,9 @@
 - ``PRIMITIVES``: the parametrization table. Every exclusive primitive that exists gets one
   entry, which says how to build a lock-like object (acquire/release/token/on_lost) of it.
   Adding a primitive to the fault suite is adding one entry here.
-- ``FaultProxy``: a loopback TCP proxy between clients and a redis-server that tests drive: add
-  latency, blackhole (accept, never answer; both ways or replies only), reset every connection,
-  drop the traffic of pub/sub connections (found by SUBSCRIBE in the client->server stream).
+- ``FaultProxy``: ``distlock.testing.proxy``'s, a loopback TCP proxy between clients and a
+  redis-server that tests drive: delay, blackhole (accept, never answer; both ways or replies
+  only), reset every connection, drop the traffic of pub/sub connections.
 - ``Holder``: a holder process (spawn context), driven through queues; start, SIGKILL, SIGSTOP,
   SIGCONT, always cleaned up by the ``holders`` fixture.
 - ``FencedResource``: a resource that remembers the highest fencing token it accepted and
@@ -18,25 +18,21 @@ Everything here talks only to 127.0.0.1, and every loop is bounded in count and 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import fcntl
 import multiprocessing
 import os
 import queue
-import selectors
 import signal
-import socket
-import struct
-import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import redis
 
 import distlock
 from distlock._redis.urls import client_from_url
+from distlock.testing.proxy import FaultProxy  # noqa: F401 - the fault tests import it from here
 
 # --- the parametrization table --------------------------------------------------------------
 
@@ -217,274 +213,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
         if time.monotonic() >= deadline:
             return bool(predicate())
         time.sleep(interval)
-
-
-# --- the fault proxy ------------------------------------------------------------------------
-
-
-class _Pipe:
-    """One direction of one proxied connection: chunks wait for their due time, then go out."""
-
-    __slots__ = ("src", "dst", "due", "out")
-
-    def __init__(self, src: socket.socket, dst: socket.socket) -> None:
-        self.src = src
-        self.dst = dst
-        self.due: Deque[Tuple[float, bytes]] = collections.deque()
-        self.out = bytearray()
-
-
-class _Conn:
-    __slots__ = ("client", "upstream", "c2s", "s2c", "pubsub", "tainted", "closed")
-
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
-        self.client = client
-        self.upstream = upstream
-        self.c2s = _Pipe(client, upstream)
-        self.s2c = _Pipe(upstream, client)
-        self.pubsub = False  # SUBSCRIBE seen in the client->server stream
-        self.tainted = False  # some of its traffic was dropped: its protocol stream is broken
-        self.closed = False
-
-
-class FaultProxy:
-    """A loopback TCP proxy to ``target_port`` with faults the test switches on and off.
-
-    One selector thread moves every byte. Faults apply to bytes as they arrive:
-
-    - ``latency``: every chunk is delivered that many seconds after it arrived;
-    - ``blackhole("both")``: connections are still accepted, every byte either way is dropped;
-      ``blackhole("replies")``: requests reach the server, its replies are dropped (a grant
-      whose reply is lost);
-    - ``drop_pubsub``: the traffic of connections that sent SUBSCRIBE is dropped both ways;
-    - ``reset_all()`` / ``reset_pubsub()``: close connections with RST (SO_LINGER 0).
-
-    ``heal()`` ends a blackhole and resets the connections that lost bytes, as a long partition
-    does: their request/reply streams are out of step and must not be used again.
-    """
-
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
-        assert target_host == "127.0.0.1", "the proxy only forwards to loopback"
-        self.target = (target_host, target_port)
-        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(128)
-        self.listener.setblocking(False)
-        self.port: int = self.listener.getsockname()[1]
-        self.latency = 0.0
-        self.blackhole_mode: Optional[str] = None
-        self.drop_pubsub = False
-        self.accepted = 0
-        self._conns: List[_Conn] = []
-        self._calls: queue.Queue[Tuple[Callable[[], None], threading.Event]] = queue.Queue()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._stopping = False
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.listener, selectors.EVENT_READ, "accept")
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._thread = threading.Thread(target=self._loop, name="faultproxy", daemon=True)
-        self._thread.start()
-
-    # --- what tests call --------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def client(self, **kwargs: Any) -> redis.Redis[Any]:
-        """A client that talks to the server through this proxy."""
-        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
-
-    def set_latency(self, seconds: float) -> None:
-        self._call(lambda: setattr(self, "latency", seconds))
-
-    def blackhole(self, mode: str = "both") -> None:
-        assert mode in ("both", "replies")
-        self._call(lambda: setattr(self, "blackhole_mode", mode))
-
-    def heal(self, reset_tainted: bool = True) -> None:
-        def do() -> None:
-            self.blackhole_mode = None
-            if reset_tainted:
-                for conn in list(self._conns):
-                    if conn.tainted:
-                        self._close(conn, rst=True)
-        self._call(do)
-
-    def set_drop_pubsub(self, on: bool) -> None:
-        self._call(lambda: setattr(self, "drop_pubsub", on))
-
-    def reset_all(self) -> int:
-        """Close every proxied connection with RST; return how many."""
-        return self._reset(lambda conn: True)
-
-    def reset_pubsub(self) -> int:
-        return self._reset(lambda conn: conn.pubsub)
-
-    def connections(self, pubsub: Optional[bool] = None) -> int:
-        """How many proxied connections are open (only pub/sub ones, or only others)."""
-        result: List[int] = []
-        self._call(lambda: result.append(sum(
-            1 for c in self._conns if not c.closed and (pubsub is None or c.pubsub == pubsub))))
-        return result[0]
-
-    def close(self) -> None:
-        if self._stopping:
-            return
-        def do() -> None:
-            self._stopping = True
-            for conn in list(self._conns):
-                self._close(conn, rst=False)
-        with contextlib.suppress(TimeoutError):
-            self._call(do)
-        self._stopping = True
-        self._thread.join(timeout=5.0)
-        self._sel.close()
-        self.listener.close()
-        self._wake_r.close()
-        self._wake_w.close()
-
-    def __enter__(self) -> FaultProxy:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # --- the loop ---------------------------------------------------------------------------
-
-    def _reset(self, which: Callable[[_Conn], bool]) -> int:
-        count: List[int] = [0]
-        def do() -> None:
-            for conn in list(self._conns):
-                if not conn.closed and which(conn):
-                    count[0] += 1
-                    self._close(conn, rst=True)
-        self._call(do)
-        return count[0]
-
-    def _call(self, fn: Callable[[], None], timeout: float = 5.0) -> None:
-        """Run ``fn`` in the proxy thread (which owns every socket) and wait for it."""
-        done = threading.Event()
-        self._calls.put((fn, done))
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
-        if not done.wait(timeout):
-            raise TimeoutError("fault proxy did not answer")
-
-    def _loop(self) -> None:
-        while not self._stopping:
-            timeout = 0.2
-            now = time.monotonic()
-            for conn in self._conns:
-                for pipe in (conn.c2s, conn.s2c):
-                    if pipe.due:
-                        timeout = min(timeout, max(0.0, pipe.due[0][0] - now))
-            for key, _events in self._sel.select(timeout):
-                tag = key.data
-                if tag == "accept":
-                    self._accept()
-                elif tag == "wake":
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(4096)
-                else:
-                    conn, pipe_name = tag
-                    if not conn.closed:
-                        self._on_readable(conn, pipe_name)
-            self._run_calls()
-            self._flush_all()
-        self._run_calls()
-
-    def _run_calls(self) -> None:
-        for _ in range(1000):
-            try:
-                fn, done = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                fn()
-            finally:
-                done.set()
-
-    def _accept(self) -> None:
-        for _ in range(64):
-            try:
-                sock, _addr = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=2.0)
-            except OSError:
-                sock.close()
-                continue
-            for s in (sock, upstream):
-                s.setblocking(False)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, upstream)
-            self._conns.append(conn)
-            self.accepted += 1
-            self._sel.register(sock, selectors.EVENT_READ, (conn, "c2s"))
-            self._sel.register(upstream, selectors.EVENT_READ, (conn, "s2c"))
-
-    def _on_readable(self, conn: _Conn, pipe_name: str) -> None:
-        pipe = conn.c2s if pipe_name == "c2s" else conn.s2c
-        try:
-            data = pipe.src.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(conn, rst=True)
-            return
-        if not data:
-            self._close(conn, rst=False)
-            return
-        if pipe_name == "c2s" and b"SUBSCRIBE" in data.upper():
-            conn.pubsub = True
-        if self._dropped(conn, pipe_name):
-            conn.tainted = True
-            return
-        pipe.due.append((time.monotonic() + self.latency, data))
-
-    def _dropped(self, conn: _Conn, pipe_name: str) -> bool:
-        if self.blackhole_mode == "both":
-            return True
-        if self.blackhole_mode == "replies" and pipe_name == "s2c":
-            return True
-        return self.drop_pubsub and conn.pubsub
-
-    def _flush_all(self) -> None:
-        now = time.monotonic()
-        for conn in list(self._conns):
-            if conn.closed:
-                continue
-            for pipe in (conn.c2s, conn.s2c):
-                while pipe.due and pipe.due[0][0] <= now:
-                    pipe.out += pipe.due.popleft()[1]
-                if pipe.out:
-                    try:
-                        sent = pipe.dst.send(pipe.out)
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError:
-                        self._close(conn, rst=True)
-                        break
-                    del pipe.out[:sent]
-
-    def _close(self, conn: _Conn, rst: bool) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        for sock in (conn.client, conn.upstream):
-            with contextlib.suppress(KeyError, ValueError):
-                self._sel.unregister(sock)
-            if rst:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            with contextlib.suppress(OSError):
-                sock.close()
-        with contextlib.suppress(ValueError):
-            self._conns.remove(conn)
 
 
 # --- the fenced resource --------------------------------------------------------------------
