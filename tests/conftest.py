@@ -223,14 +223,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 __all__ = ["Backend", "distlock"]
 
 
-# --- a real Redis Cluster (tests/support/_cluster.py) -------------------------------------------------
+# --- a real Redis Cluster (distlock/testing/cluster.py) -------------------------------------------------
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Any]:
-    """A Redis Cluster of 3 masters and 3 replicas (tests/support/_cluster.py), started the first time
+    """A Redis Cluster of 3 masters and 3 replicas (distlock/testing/cluster.py), started the first time
     a test asks for it and shared by the rest of the session. Skipped with a reason where there
     is no server binary or no ``redis-cli`` (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
-    from _cluster import Cluster, cluster_cli
+    from distlock.testing.cluster import Cluster, cluster_cli
 
     binary = redis_server_binary()
     missing = [what for what, found in (("redis-server", binary), ("redis-cli", cluster_cli()))
@@ -336,14 +336,14 @@ def replication(replication_set: Any) -> Iterator[Any]:
         _wait_threads_gone(before)
 
 
-# --- a real Sentinel set (tests/support/_sentinel.py) -------------------------------------------------
+# --- a real Sentinel set (distlock/testing/sentinel.py) -------------------------------------------------
 
 @pytest.fixture(scope="session")
 def sentinel_set() -> Iterator[Any]:
-    """One master, two replicas and three sentinels (tests/support/_sentinel.py), started the first
+    """One master, two replicas and three sentinels (distlock/testing/sentinel.py), started the first
     time a test asks for it and shared by the rest of the session. Skipped with a reason where
     there is no server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
-    from _sentinel import SentinelSet
+    from distlock.testing.sentinel import SentinelSet
 
     binary = redis_server_binary()
     if binary is None:
@@ -387,14 +387,14 @@ def sentinel_url(sentinel_set: Any, sentinel_client: Any) -> str:
     return str(sentinel_set.url)
 
 
-# --- five independent masters, for Redlock (tests/support/_redlock.py) --------------------------------
+# --- five independent masters, for Redlock (distlock/testing/redlock.py) --------------------------------
 
 @pytest.fixture(scope="session")
 def redlock_masters() -> Iterator[Any]:
-    """Five independent redis-server processes (tests/support/_redlock.py), started the first time a
+    """Five independent redis-server processes (distlock/testing/redlock.py), started the first time a
     test asks for them and shared by the rest of the session. Skipped with a reason where there
     is no server binary (a failure under ``DISTLOCK_REQUIRE_REDIS=1``)."""
-    from _redlock import Masters
+    from distlock.testing.redlock import Masters
 
     if redis_server_binary() is None:
         if REQUIRE_REAL:
@@ -415,7 +415,7 @@ def redlock(redlock_masters: Any) -> Iterator[Any]:
     """The five masters, each up for one test lease at least, with the watchdog on the
     Redlock tests' short lease (``_redlock.LEASE``); after the test, its distlock sessions are
     stopped, and every master is resumed, restarted if killed, and flushed (``Masters.heal``)."""
-    from _redlock import LEASE, RENEW
+    from distlock.testing.redlock import LEASE, RENEW
 
     before = set(threading.enumerate())
     redlock_masters.heal()

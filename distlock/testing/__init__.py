@@ -4,6 +4,9 @@
   ``valkey-server``, say) on a free loopback port, with no persistence, and stops it; its
   ``url`` is what to give ``client=``. ``free_port`` and ``redis_server_binary`` are its
   helpers.
+- ``distlock.testing.cluster``, ``.sentinel`` and ``.redlock`` (imported only when asked for)
+  start a Redis Cluster, a Sentinel set and independent masters for Redlock on free loopback
+  ports.
 - ``FaultProxy(host, port)`` sits between clients and one server and, per direction, passes,
   delays, blackholes or drops replies, and resets every connection on demand.
 - ``History`` records what each process believed it held, its fenced writes and the faults;

@@ -19,9 +19,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import redis
 import redis.asyncio as aredis
-from _sentinel import aclose_sentinel
 
 from distlock._redis.urls import async_client_from_url
+from distlock.testing.sentinel import aclose_sentinel
 
 BOUND = 60.0
 _names = itertools.count(1)

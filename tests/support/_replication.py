@@ -72,7 +72,7 @@ class _Node:
 
     def spawn(self) -> None:
         """Start the process (not waiting for it); under ``setpriv --pdeathsig KILL`` from
-        the main thread on Linux, as tests/support/_cluster.py does."""
+        the main thread on Linux, as distlock/testing/cluster.py does."""
         args = self.args()
         setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
         if setpriv and threading.current_thread() is threading.main_thread():

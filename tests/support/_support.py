@@ -136,14 +136,14 @@ def kill(proc: subprocess.Popen[str]) -> None:
 # --- the same contract on a Redis Cluster ---------------------------------------------------
 
 #: A contract suite's type id with this suffix runs on the session's Redis Cluster
-#: (tests/support/_cluster.py) instead of the single test server: ``"DistLock@cluster"``.
+#: (distlock/testing/cluster.py) instead of the single test server: ``"DistLock@cluster"``.
 ON_CLUSTER = "@cluster"
-#: the suffix of a lock type on a Redlock quorum of five masters (tests/support/_redlock.py)
+#: the suffix of a lock type on a Redlock quorum of five masters (distlock/testing/redlock.py)
 ON_REDLOCK = "@redlock"
 
 
 #: ... and with this one through a Sentinel master client of the session's Sentinel set
-#: (tests/support/_sentinel.py): ``"DistLock@sentinel"``.
+#: (distlock/testing/sentinel.py): ``"DistLock@sentinel"``.
 ON_SENTINEL = "@sentinel"
 
 

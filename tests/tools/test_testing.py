@@ -320,10 +320,16 @@ def test_processes_share_one_history_of_real_holds(url: str, client: redis.Redis
 
 # --- the pytest plugin -------------------------------------------------------------------------
 
-def test_importing_distlock_testing_imports_no_pytest() -> None:
+def test_importing_distlock_testing_imports_no_pytest(tmp_path: Any) -> None:
     out = subprocess.run(
         [sys.executable, "-c", "import sys, distlock.testing; print('pytest' in sys.modules)"],
         capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "False"
+    # the topologies stand on their own too: no tests/support, no pytest
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, distlock.testing.cluster, distlock.testing.sentinel, "
+         "distlock.testing.redlock; print('pytest' in sys.modules)"],
+        capture_output=True, text=True, timeout=60, check=True, cwd=str(tmp_path))
     assert out.stdout.strip() == "False"
 
 

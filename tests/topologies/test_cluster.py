@@ -1,4 +1,4 @@
-"""Every primitive on a real Redis Cluster (3 masters, 3 replicas: tests/support/_cluster.py).
+"""Every primitive on a real Redis Cluster (3 masters, 3 replicas: distlock/testing/cluster.py).
 
 What a cluster adds to one server, each shown on the real thing: routing by slot, sharded
 pub/sub per node, renewals grouped per node, MOVED and ASK followed, a held lock's slot moved

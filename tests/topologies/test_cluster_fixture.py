@@ -1,4 +1,4 @@
-"""The Redis Cluster fixture itself (tests/support/_cluster.py), on the real thing: its shape (3
+"""The Redis Cluster fixture itself (distlock/testing/cluster.py), on the real thing: its shape (3
 masters, 1 replica each, every slot served), where hash tags put keys, a master killed and
 its replica promoted, a slot moved with its keys (by hand and by ``redis-cli``) and without
 them, and a cluster that leaves no process behind.
@@ -18,8 +18,9 @@ from typing import Any, Dict, List
 
 import pytest
 import redis
-from _cluster import SLOTS, Cluster, cluster_cli, slot_map
 from redis.crc import key_slot
+
+from distlock.testing.cluster import SLOTS, Cluster, cluster_cli, slot_map
 
 pytestmark = pytest.mark.real_redis
 

@@ -1,4 +1,4 @@
-"""Redlock on five real masters (tests/support/_redlock.py): DistLock and DistRLock with
+"""Redlock on five real masters (distlock/testing/redlock.py): DistLock and DistRLock with
 ``client=[c1, ..., c5]``, through kills, empty restarts and stopped (SIGSTOP) masters.
 
 Timing is asserted only as lower bounds (a wait did wait, a restarted master did sit out) and
@@ -16,12 +16,12 @@ from typing import Any, List
 import _workers
 import pytest
 from _procs import SPAWN
-from _redlock import LEASE, RENEW
 from _support import settle
 
 import distlock
 from distlock import DistLock, DistRLock, LockLostError, QuorumError
 from distlock._core.quorum import drift
+from distlock.testing.redlock import LEASE, RENEW
 
 pytestmark = pytest.mark.real_redis
 

@@ -1,5 +1,5 @@
 """Redlock in the asyncio shell (``distlock.asyncio.DistLock(name, client=[...])`` with
-``redis.asyncio.Redis`` masters), on five real masters (tests/support/_redlock.py): the same plans as
+``redis.asyncio.Redis`` masters), on five real masters (distlock/testing/redlock.py): the same plans as
 the blocking classes, driven by an asyncio fan-out; sync and async holders of one name exclude
 each other."""
 
@@ -12,11 +12,11 @@ from typing import Any, Awaitable, Callable, List
 
 import pytest
 import redis.asyncio as aredis
-from _redlock import LEASE
 
 import distlock
 import distlock.asyncio as aio
 from distlock import LockLostError, QuorumError
+from distlock.testing.redlock import LEASE
 
 pytestmark = pytest.mark.real_redis
 

@@ -1,6 +1,6 @@
 """distlock through Redis Sentinel: ``Sentinel(...).master_for(service)`` clients and
 ``redis+sentinel://`` URLs, in both shells, on a real set of one master, two replicas and three
-sentinels (tests/support/_sentinel.py), through SIGKILLed masters and their failovers.
+sentinels (distlock/testing/sentinel.py), through SIGKILLed masters and their failovers.
 
 The contract suites run through a Sentinel client too (tests/primitives/test_contract.py's ``@sentinel``
 lock types). Timing is asserted only as generous bounds.
@@ -23,7 +23,6 @@ import redis
 import redis.asyncio.sentinel
 import redis.sentinel
 from _procs import SPAWN
-from _sentinel import SentinelSet, aclose_sentinel, close_sentinel
 
 import distlock
 import distlock.asyncio as aio
@@ -31,6 +30,7 @@ from distlock import DistLock, DistSemaphore
 from distlock._redis.clients import renewer, shareable
 from distlock._redis.urls import async_client_from_url, check_url, client_from_url, sentinel_url
 from distlock._session.config import resolve_async_client
+from distlock.testing.sentinel import SentinelSet, aclose_sentinel, close_sentinel
 
 #: The loosest upper bound on anything that should be quick: only a hang fails it.
 BOUND = 30.0

@@ -30,7 +30,7 @@ from typing import Any, List, Optional, Set
 
 import redis
 
-from distlock.testing.server import RedisServer
+from .server import RedisServer
 
 __all__ = ["Masters", "LEASE", "RENEW", "SETTLE", "COUNT"]
 

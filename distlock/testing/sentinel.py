@@ -11,7 +11,7 @@ a failover takes a few seconds. It waits until the set is whole (``whole``): bot
 online at the master, and every sentinel naming the same master, both replicas (not down)
 and both other sentinels. ``close()`` ends every process and removes the directories; so does
 an ``atexit`` hook, and on Linux each process runs under ``setpriv --pdeathsig KILL`` (see
-tests/support/_cluster.py), so nothing outlives the test process.
+distlock/testing/cluster.py), so nothing outlives the test process.
 
 Faults, for the tests of what a failover does to holds:
 
@@ -42,11 +42,11 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import redis
 import redis.asyncio.sentinel
 import redis.sentinel
-from _cluster import HOST, POLL, Addr, _free_ports, _Node, _ping, _text
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from distlock.testing.server import redis_server_binary
+from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, text
+from .server import redis_server_binary
 
 __all__ = ["SentinelSet", "SERVICE", "DOWN_AFTER_MS", "FAILOVER_TIMEOUT_MS"]
 
@@ -57,11 +57,11 @@ FAILOVER_TIMEOUT_MS = 2000
 QUORUM = 2
 
 
-class _DataNode(_Node):
+class _DataNode(Node):
     """A master or replica of the set (``replicaof``: its master when it starts as a replica)."""
 
     def __init__(self, binary: str, port: int) -> None:
-        super().__init__(binary, port, 0)
+        super().__init__(binary, port, 0, prefix="distlock-sentinel")
         self.replicaof: Optional[Addr] = None
 
     def args(self) -> List[str]:
@@ -79,12 +79,12 @@ class _DataNode(_Node):
         return args
 
 
-class _SentinelNode(_Node):
+class _SentinelNode(Node):
     """A sentinel: ``<binary> <dir>/sentinel.conf --sentinel``; the file is written once, at the
     first start (the sentinel rewrites it as it learns the set)."""
 
     def __init__(self, binary: str, port: int, master: Addr) -> None:
-        super().__init__(binary, port, 0)
+        super().__init__(binary, port, 0, prefix="distlock-sentinel")
         self.conf = os.path.join(self.dir, "sentinel.conf")
         with open(self.conf, "w", encoding="utf-8") as fh:
             fh.write("\n".join([
@@ -113,8 +113,8 @@ def _close_all() -> None:
 def _fields(reply: Any) -> Dict[str, str]:
     """A sentinel's flat [name, value, ...] (or RESP3 map) reply as a dict of str."""
     if isinstance(reply, dict):
-        return {_text(k): _text(v) for k, v in reply.items()}
-    return {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
+        return {text(k): text(v) for k, v in reply.items()}
+    return {text(reply[i]): text(reply[i + 1]) for i in range(0, len(reply) - 1, 2)}
 
 
 class SentinelSet:
@@ -127,7 +127,7 @@ class SentinelSet:
         self.binary = binary
         self.nodes: List[_DataNode] = []
         self.sentinels: List[_SentinelNode] = []
-        self._conns: Dict[Addr, redis.Redis] = {}
+        self._conns: Dict[Addr, Any] = {}  # redis.Redis, whose execute_command is untyped
         self._stopped: List[_DataNode] = []
         self._clients: List[Any] = []
         self._closed = False
@@ -152,15 +152,15 @@ class SentinelSet:
 
     def _boot(self, timeout: float) -> None:
         began = time.monotonic()
-        ports = _free_ports(1 + self.REPLICAS + self.SENTINELS)
+        ports = free_ports(1 + self.REPLICAS + self.SENTINELS)
         self.nodes = [_DataNode(self.binary, port) for port in ports[:1 + self.REPLICAS]]
         master = self.nodes[0].addr
         for node in self.nodes[1:]:
             node.replicaof = master
         self.sentinels = [_SentinelNode(self.binary, port, master)
                           for port in ports[1 + self.REPLICAS:]]
-        for node in [*self.nodes, *self.sentinels]:
-            node.spawn()
+        for started in [*self.nodes, *self.sentinels]:
+            started.spawn()
         self._wait_up([*self.nodes, *self.sentinels], min(timeout, 15.0))
         self.wait_whole(timeout)
         self.boot_time = time.monotonic() - began
@@ -170,7 +170,7 @@ class SentinelSet:
         waiting = list(nodes)
         while waiting:
             for node in list(waiting):
-                if _ping(node.addr):
+                if ping(node.addr):
                     waiting.remove(node)
                 elif not node.alive():
                     raise RuntimeError(f"{self.binary} on port {node.port} exited with "
@@ -198,15 +198,15 @@ class SentinelSet:
         self._conns.clear()
         for node in self._stopped:
             self._signal(node, signal.SIGCONT)
-        everything = [*self.sentinels, *self.nodes]
-        for node in everything:
-            node.terminate()
-        for node in everything:
+        everything: List[Node] = [*self.sentinels, *self.nodes]
+        for each in everything:
+            each.terminate()
+        for each in everything:
             try:
-                node.stop()
+                each.stop()
             except Exception:  # noqa: BLE001 - stop the others all the same
-                if node.proc is not None and node.proc.poll() is None:
-                    node.proc.kill()
+                if each.proc is not None and each.proc.poll() is None:
+                    each.proc.kill()
 
     def __enter__(self) -> SentinelSet:
         return self
@@ -235,20 +235,21 @@ class SentinelSet:
     def client(self, **kwargs: Any) -> redis.Redis:
         """A new master client: ``Sentinel(<the three>).master_for("distlock", **kwargs)`` (its
         Sentinel is closed with the set; the caller closes the client)."""
-        manager = redis.sentinel.Sentinel(self.sentinel_addrs, sentinel_kwargs=self._sentinel_kwargs())
+        manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            self.sentinel_addrs, sentinel_kwargs=self._sentinel_kwargs())
         self._clients.append(manager)
         kwargs.setdefault("socket_timeout", 5.0)
-        return manager.master_for(SERVICE, **kwargs)
+        return manager.master_for(SERVICE, **kwargs)  # type: ignore[no-any-return,no-untyped-call]
 
     def aclient(self, **kwargs: Any) -> Any:
         """``client``'s asyncio twin (``redis.asyncio.sentinel``); it connects on first use, in
         the loop that uses it."""
-        manager = redis.asyncio.sentinel.Sentinel(self.sentinel_addrs,
-                                                  sentinel_kwargs=self._sentinel_kwargs())
+        manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            self.sentinel_addrs, sentinel_kwargs=self._sentinel_kwargs())
         kwargs.setdefault("socket_timeout", 5.0)
         return manager.master_for(SERVICE, **kwargs)
 
-    def _conn(self, addr: Addr) -> redis.Redis:
+    def _conn(self, addr: Addr) -> Any:
         """This module's own client of one process (kept; no retries, short timeouts)."""
         conn = self._conns.get(addr)
         if conn is None:
@@ -273,7 +274,7 @@ class SentinelSet:
     def _sentinel_master(self, sentinel: _SentinelNode) -> Addr:
         host, port = self._conn(sentinel.addr).execute_command(
             "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
-        return (_text(host), int(port))
+        return (text(host), int(port))
 
     def master_addr(self) -> Addr:
         """The master as the first sentinel that answers names it."""
@@ -290,7 +291,7 @@ class SentinelSet:
         return [n.addr for n in self.nodes if n.addr != master]
 
     def role(self, addr: Addr) -> str:
-        return _text(self._conn(addr).execute_command("ROLE")[0])
+        return text(self._conn(addr).execute_command("ROLE")[0])
 
     def _problem(self) -> Optional[str]:
         """Why the set is not whole now (None when it is): see the module's docstring."""
@@ -411,7 +412,7 @@ class SentinelSet:
             self._signal(node, signal.SIGCONT)
 
     @staticmethod
-    def _signal(node: _Node, sig: int) -> None:
+    def _signal(node: Node, sig: int) -> None:
         if node.proc is not None and node.proc.poll() is None:
             node.proc.send_signal(sig)
 

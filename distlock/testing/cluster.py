@@ -1,4 +1,4 @@
-"""A real Redis Cluster for the tests: 3 masters and 3 replicas on free 127.0.0.1 ports.
+"""A real Redis Cluster for tests: 3 masters and 3 replicas on free 127.0.0.1 ports.
 
 ``Cluster.start()`` starts six server processes at once (``redis-server`` from PATH, or the
 binary that ``$DISTLOCK_SERVER_BIN`` names: a ``valkey-server``, say) with
@@ -32,16 +32,10 @@ Redis 7.0+ and Valkey), so a port near the top of the range never makes the defa
 from __future__ import annotations
 
 import atexit
-import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 import redis
 import redis.asyncio
@@ -50,148 +44,11 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
 from redis.retry import Retry
 
-from distlock.testing.server import redis_server_binary
+from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, text
+from ._slots import SLOTS, SlotMoves, SlotRange, _ClusterNode, cluster_cli, slot_map
+from .server import redis_server_binary
 
 __all__ = ["Addr", "Cluster", "cluster_cli", "slot_map", "SLOTS"]
-
-#: A node's address: (host, port).
-Addr = Tuple[str, int]
-#: One row of a slot map: (first slot, last slot, master, replicas sorted).
-SlotRange = Tuple[int, int, Addr, Tuple[Addr, ...]]
-
-HOST = "127.0.0.1"
-SLOTS = 16384
-NODE_TIMEOUT_MS = 1000
-#: Polling interval of every wait here (readiness, agreement, failover).
-POLL = 0.02
-
-
-def cluster_cli() -> Optional[str]:
-    """``redis-cli`` from PATH (``valkey-cli`` where there is no redis-cli), else None."""
-    return shutil.which("redis-cli") or shutil.which("valkey-cli")
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def slot_map(reply: Sequence[Any]) -> List[SlotRange]:
-    """A CLUSTER SLOTS reply, normalised and sorted: (first, last, master, replicas). Extra
-    fields (node ids, Valkey's hostname metadata) are left out, so that maps compare."""
-    rows = []
-    for entry in reply:
-        start, end, master, *replicas = entry
-        reps = tuple(sorted((_text(r[0]), int(r[1])) for r in replicas))
-        rows.append((int(start), int(end), (_text(master[0]), int(master[1])), reps))
-    return sorted(rows)
-
-
-def _free_ports(count: int) -> List[int]:
-    """``count`` distinct free loopback ports (all bound at once while they are picked)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((HOST, 0))
-            socks.append(sock)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
-def _ping(addr: Addr) -> bool:
-    try:
-        with socket.create_connection(addr, timeout=0.2) as sock:
-            sock.settimeout(0.5)
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-class _Node:
-    """One server process of the cluster: its ports, directory and process."""
-
-    def __init__(self, binary: str, port: int, bus_port: int) -> None:
-        self.binary = binary
-        self.port = port
-        self.bus_port = bus_port
-        self.dir = tempfile.mkdtemp(prefix=f"distlock-cluster-{port}-")
-        self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.id = ""
-
-    @property
-    def addr(self) -> Addr:
-        return (HOST, self.port)
-
-    @property
-    def logfile(self) -> str:
-        return os.path.join(self.dir, "server.log")
-
-    def args(self) -> List[str]:
-        return [
-            self.binary, "--port", str(self.port), "--bind", HOST,
-            "--cluster-enabled", "yes", "--cluster-port", str(self.bus_port),
-            "--cluster-config-file", "nodes.conf",
-            "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-            # a replica may always take over (its data is never "too old" in a test), and
-            # topology only changes when a test changes it: no replica moves to another master
-            "--cluster-replica-validity-factor", "0",
-            "--cluster-allow-replica-migration", "no",
-            # a replica's (diskless) sync starts at once, not 5 s later; and it is listed in
-            # CLUSTER SLOTS once its replication offset is not 0, which on an idle master
-            # takes the first replication PING: every second, not every 10 s
-            "--repl-diskless-sync-delay", "0", "--repl-ping-replica-period", "1",
-            "--save", "", "--appendonly", "no", "--dir", self.dir,
-            "--daemonize", "no", "--protected-mode", "yes",
-            "--loglevel", "notice", "--logfile", self.logfile,
-        ]
-
-    def spawn(self) -> None:
-        """Start the process (not waiting for it). From the main thread on Linux it runs
-        under ``setpriv --pdeathsig KILL``: it dies with this process, however that ends.
-        (The signal follows the thread that started it, hence the main thread only.)"""
-        args = self.args()
-        setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
-        if setpriv and threading.current_thread() is threading.main_thread():
-            args = [setpriv, "--pdeathsig", "KILL", "--", *args]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, cwd=self.dir)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(timeout=10)
-
-    def terminate(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-
-    def stop(self, grace: float = 5.0) -> None:
-        """Terminate, wait ``grace`` seconds, kill if needed; remove the directory."""
-        try:
-            if self.proc is not None:
-                self.terminate()
-                try:
-                    self.proc.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait(timeout=10)
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
-
-    def log_tail(self, chars: int = 1500) -> str:
-        try:
-            with open(self.logfile, encoding="utf-8", errors="replace") as fh:
-                return fh.read()[-chars:]
-        except OSError:
-            return ""
-
 
 #: Every cluster not yet closed, for the atexit hook.
 _OPEN: Set[Cluster] = set()
@@ -206,7 +63,7 @@ def _close_all() -> None:
         cluster.close()
 
 
-class Cluster:
+class Cluster(SlotMoves):
     """A Redis Cluster of 3 masters with 1 replica each, on 127.0.0.1 (see the module's
     docstring). Make one with ``Cluster.start()``; it is a context manager."""
 
@@ -216,8 +73,8 @@ class Cluster:
     def __init__(self, binary: str, cli: str) -> None:
         self.binary = binary
         self.cli = cli
-        self._nodes: List[_Node] = []
-        self._conns: Dict[Addr, redis.Redis] = {}
+        self._nodes: List[Node] = []
+        self._conns: Dict[Addr, Any] = {}  # redis.Redis, whose execute_command is untyped
         self._replicas_at_kill: Dict[Addr, List[Addr]] = {}
         self._url_port = 0
         self._closed = False
@@ -252,8 +109,8 @@ class Cluster:
     def _boot(self, timeout: float) -> None:
         began = time.monotonic()
         count = self.MASTERS * (1 + self.REPLICAS)
-        ports = _free_ports(2 * count)
-        self._nodes = [_Node(self.binary, ports[2 * i], ports[2 * i + 1]) for i in range(count)]
+        ports = free_ports(2 * count)
+        self._nodes = [_ClusterNode(self.binary, ports[2 * i], ports[2 * i + 1]) for i in range(count)]
         for node in self._nodes:
             node.spawn()
         self._wait_pings(self._nodes, min(timeout, 15.0), retries=3)
@@ -264,20 +121,20 @@ class Cluster:
         created = time.monotonic()
         self.wait_agreement(timeout)
         for node in self._nodes:
-            node.id = _text(self._conn(node.addr).execute_command("CLUSTER", "MYID"))
+            node.id = text(self._conn(node.addr).execute_command("CLUSTER", "MYID"))
         self._url_port = self.masters()[0][1]
         done = time.monotonic()
         self.timings = {"spawn": spawned - began, "create": created - spawned,
                         "agree": done - created, "total": done - began}
 
-    def _wait_pings(self, nodes: Sequence[_Node], timeout: float, retries: int = 0) -> None:
+    def _wait_pings(self, nodes: Sequence[Node], timeout: float, retries: int = 0) -> None:
         """Wait until every node answers PING (polled every 20 ms). A node that exits first
         (its port taken meanwhile, say) gets new ports and another start, ``retries`` times."""
         waiting = list(nodes)
         deadline = time.monotonic() + timeout
         while waiting:
             for node in list(waiting):
-                if _ping(node.addr):
+                if ping(node.addr):
                     waiting.remove(node)
                 elif not node.alive():
                     tail = node.log_tail()
@@ -285,7 +142,7 @@ class Cluster:
                         raise RuntimeError(f"{self.binary} on port {node.port} exited with "
                                            f"{node.proc.returncode if node.proc else '?'}: {tail}")
                     retries -= 1
-                    node.port, node.bus_port = _free_ports(2)
+                    node.port, node.bus_port = free_ports(2)
                     node.spawn()
             if not waiting:
                 break
@@ -299,7 +156,7 @@ class Cluster:
             proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                   timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            self._cli_output = _text(exc.stdout or "") + _text(exc.stderr or "")
+            self._cli_output = text(exc.stdout or "") + text(exc.stderr or "")
             raise TimeoutError(f"{' '.join(cmd[:3])} did not end within {timeout:g} s\n"
                                f"{self.logs()}") from exc
         self._cli_output = proc.stdout + proc.stderr
@@ -369,7 +226,8 @@ class Cluster:
         ``decode_responses=True`` is given; other keyword arguments are passed through)."""
         kwargs.setdefault("decode_responses", False)
         if not {"host", "url", "startup_nodes"} & set(kwargs):
-            kwargs["startup_nodes"] = [ClusterNode(h, p) for h, p in self._startup_nodes()]
+            kwargs["startup_nodes"] = [ClusterNode(h, p)  # type: ignore[no-untyped-call]
+                                   for h, p in self._startup_nodes()]
         return redis.RedisCluster(**kwargs)
 
     def aclient(self, **kwargs: Any) -> redis.asyncio.RedisCluster:
@@ -387,13 +245,13 @@ class Cluster:
         return redis.Redis(host=addr[0], port=addr[1], socket_timeout=5.0,
                            socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0))
 
-    def _node(self, addr: Addr) -> _Node:
+    def _node(self, addr: Addr) -> Node:
         for node in self._nodes:
             if node.addr == tuple(addr):
                 return node
         raise KeyError(f"{addr} is not a node of {self!r}")
 
-    def _conn(self, addr: Addr) -> redis.Redis:
+    def _conn(self, addr: Addr) -> Any:
         """This module's own client of one node (kept; no retries, short timeouts)."""
         conn = self._conns.get(addr)
         if conn is None:
@@ -427,7 +285,7 @@ class Cluster:
     def _table(self) -> List[Dict[str, Any]]:
         """CLUSTER NODES of the first running node: id, addr, flags, master id."""
         rows = []
-        for line in _text(self._ask("CLUSTER", "NODES")).splitlines():
+        for line in text(self._ask("CLUSTER", "NODES")).splitlines():
             fields = line.split()
             if len(fields) < 8:
                 continue
@@ -460,7 +318,7 @@ class Cluster:
         """The cluster node id of ``addr`` (kept across restarts: it is in its nodes.conf)."""
         node = self._node(addr)
         if not node.id:
-            node.id = _text(self._conn(node.addr).execute_command("CLUSTER", "MYID"))
+            node.id = text(self._conn(node.addr).execute_command("CLUSTER", "MYID"))
         return node.id
 
     def keyslot(self, key: Any) -> int:
@@ -494,7 +352,7 @@ class Cluster:
         for node in live:
             conn = self._conn(node.addr)
             try:
-                info = _text(conn.execute_command("CLUSTER", "INFO"))
+                info = text(conn.execute_command("CLUSTER", "INFO"))
                 if "cluster_state:ok" not in info:
                     return f"{node.addr}: cluster_state is not ok"
                 maps[node.addr] = slot_map(conn.execute_command("CLUSTER", "SLOTS"))
@@ -513,10 +371,10 @@ class Cluster:
                 return f"{master} serves slots but does not run"
             listed.setdefault(master, set()).update(reps)
         for addr, role in roles.items():
-            if _text(role[0]) == "slave":
-                master = (_text(role[1]), int(role[2]))
-                if _text(role[3]) != "connected":
-                    return f"replica {addr}: its link to {master} is {_text(role[3])}"
+            if text(role[0]) == "slave":
+                master = (text(role[1]), int(role[2]))
+                if text(role[3]) != "connected":
+                    return f"replica {addr}: its link to {master} is {text(role[3])}"
                 if master in listed and addr not in listed[master]:
                     return f"replica {addr} is not yet listed under {master}"
             elif replicas and addr not in listed:
@@ -560,7 +418,7 @@ class Cluster:
             for addr in candidates:
                 if self._node(addr).alive():
                     try:
-                        if _text(self._conn(addr).execute_command("ROLE")[0]) == "master":
+                        if text(self._conn(addr).execute_command("ROLE")[0]) == "master":
                             promoted.append(addr)
                     except redis.RedisError:
                         pass
@@ -601,7 +459,7 @@ class Cluster:
                 continue
             conn = self._conn(node.addr)
             try:
-                if _text(conn.execute_command("ROLE")[0]) == "master":
+                if text(conn.execute_command("ROLE")[0]) == "master":
                     conn.execute_command("FLUSHALL")
             except redis.RedisError:
                 pass
@@ -616,93 +474,6 @@ class Cluster:
             self._settle_open_slots(node)
         self.wait_agreement(timeout)
         self.flush()
-
-    def _settle_open_slots(self, node: _Node) -> None:
-        try:
-            conn = self._conn(node.addr)
-            for line in _text(conn.execute_command("CLUSTER", "NODES")).splitlines():
-                fields = line.split()
-                if len(fields) > 2 and "myself" in fields[2].split(","):
-                    for field in fields[8:]:
-                        if field.startswith("["):  # [slot->-id] or [slot-<-id]
-                            slot = int(field[1:].split("-")[0])
-                            conn.execute_command("CLUSTER", "SETSLOT", slot, "STABLE")
-        except redis.RedisError:
-            pass
-
-    # --- moving slots ----------------------------------------------------------------------------
-
-    def reshard_slot(self, slot: int, to_addr: Addr, timeout: float = 30.0,
-                     batch: int = 100) -> None:
-        """Move ``slot`` with its keys to master ``to_addr``, as redis-cli does: SETSLOT
-        IMPORTING on the target, MIGRATING on the source, MIGRATE the keys in batches
-        (CLUSTER GETKEYSINSLOT), then SETSLOT NODE on the target, the source and every other
-        master; then wait until all nodes agree."""
-        source = self.slot_owner(slot)
-        target = (to_addr[0], int(to_addr[1]))
-        if source == target:
-            return
-        src_id, dst_id = self.node_id(source), self.node_id(target)
-        src, dst = self._conn(source), self._conn(target)
-        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src_id)
-        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst_id)
-        deadline = time.monotonic() + timeout
-        while True:
-            keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch)
-            if not keys:
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"slot {slot}: keys still on {source} after {timeout:g} s")
-            src.execute_command("MIGRATE", target[0], target[1], "", 0, 10000, "KEYS", *keys)
-        others = [m for m in self.masters() if m not in (source, target)]
-        for addr in [target, source, *others]:
-            self._conn(addr).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-        self.wait_agreement(timeout)
-
-    def reshard_with_cli(self, from_addr: Addr, to_addr: Addr, nslots: int,
-                         timeout: float = 120.0) -> str:
-        """``redis-cli --cluster reshard --cluster-from <id> --cluster-to <id>
-        --cluster-slots N --cluster-yes``: move ``nslots`` slots (redis-cli picks which) with
-        their keys; wait until all nodes agree; return redis-cli's output."""
-        self.wait_agreement(timeout)  # redis-cli refuses a cluster whose nodes disagree
-        entry = next(n.addr for n in self._nodes if n.alive())
-        out = self._run_cli([
-            self.cli, "--cluster", "reshard", f"{entry[0]}:{entry[1]}",
-            "--cluster-from", self.node_id(from_addr), "--cluster-to", self.node_id(to_addr),
-            "--cluster-slots", str(nslots), "--cluster-yes"], timeout)
-        self.wait_agreement(timeout)
-        return out
-
-    def setslot_bare(self, slot: int, to_addr: Addr, timeout: float = 30.0) -> None:
-        """Reassign ``slot`` to master ``to_addr`` without migrating its keys: ``CLUSTER
-        BUMPEPOCH`` on the target (so that its claim outranks the old owner's), then a bare
-        ``CLUSTER SETSLOT <slot> NODE <id>`` on the target, every other master and the old
-        owner; then wait until all nodes agree (and check that they agree on the target).
-
-        The keys are not moved. They stay behind on the old node, where they are no longer
-        reachable through the slot (it answers MOVED for them, and the new owner has none),
-        which is how Redis drops them. The old owner itself refuses the SETSLOT while it holds
-        keys in the slot ("Can't assign hashslot ... while I still hold keys"); it learns of
-        the new owner from the target's higher config epoch, and then (Redis 7 and Valkey 8
-        alike) deletes its own keys of that slot: soon they are not only unreachable but
-        gone. Without the epoch bump the old owner's claim could win and undo the move."""
-        target = (to_addr[0], int(to_addr[1]))
-        source = self.slot_owner(slot)
-        if source == target:
-            return
-        dst_id = self.node_id(target)
-        self._conn(target).execute_command("CLUSTER", "BUMPEPOCH")
-        for addr in [target, *(m for m in self.masters() if m not in (target, source)), source]:
-            try:
-                self._conn(addr).execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst_id)
-            except redis.ResponseError:
-                if addr != source:
-                    raise
-                # the old owner refuses while it holds keys in the slot: the epoch decides
-        self.wait_agreement(timeout)
-        owner = self.slot_owner(slot)
-        if owner != target:
-            raise RuntimeError(f"slot {slot} went back to {owner}, not to {target}")
 
     # --- diagnostics -----------------------------------------------------------------------------
 
