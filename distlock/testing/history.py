@@ -17,15 +17,16 @@ appends one JSON line per record to that file, with ``O_APPEND`` (each record is
   read side of a read/write lock, may);
 - ``token_regressions``: every pair of consecutive grants on one name, in the order they began,
   whose tokens do not increase;
-- ``stale_writes``: every write the fenced store accepted with a token older than a grant of
-  that name that had begun before it;
+- ``stale_writes``: every write the fenced store accepted with a stale token, one lower than a
+  token written before it: what a store that never forgets would have refused (a store that
+  lost its state, in a restart without persistence, takes them; so does any store when the
+  tokens went backwards);
 - ``recoveries``: for each fault, how long after it healed the next hold began (``None``: none
   began).
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import threading
@@ -259,28 +260,17 @@ def check_history(history: Union[History, Iterable[Record]],
         granted = [h for h in name_holds if h.token is not None and not h.shared]
         report.token_regressions.extend(
             (a, b) for a, b in zip(granted, granted[1:]) if b.token <= a.token)  # type: ignore[operator]
-    newest = {name: _newest_grants(name_holds) for name, name_holds in by_name.items()}
+    highest: Dict[str, int] = {}  # per name: what a store that never forgets has taken
     for write in sorted(writes, key=lambda w: w.at):
-        starts, tokens = newest.get(write.name, ([], []))
-        seen = bisect.bisect_right(starts, write.at)  # the grants that had begun by then
-        if write.accepted and seen and write.token < tokens[seen - 1]:
+        if write.token >= highest.get(write.name, write.token):
+            highest[write.name] = write.token
+        elif write.accepted:
             report.stale_writes.append(write)
     starts = sorted(h.start for h in holds)
     for fault in sorted(faults, key=lambda f: f.start):
         after = next((s for s in starts if s >= fault.end), None)
         report.recoveries.append((fault, None if after is None else after - fault.end))
     return report
-
-
-def _newest_grants(holds: List[Hold]) -> Tuple[List[float], List[int]]:
-    """The start of each tokened hold (sorted), and the largest token granted up to it."""
-    starts: List[float] = []
-    tokens: List[int] = []
-    for hold in holds:
-        if hold.token is not None:
-            starts.append(hold.start)
-            tokens.append(max(hold.token, tokens[-1]) if tokens else hold.token)
-    return starts, tokens
 
 
 def _overlaps(holds: List[Hold], horizon: float) -> List[Tuple[Hold, Hold]]:

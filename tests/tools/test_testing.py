@@ -201,19 +201,21 @@ def test_checker_finds_overlaps_regressions_stale_writes_and_recoveries() -> Non
         _hold("b", 7, 1.0, 2.0, shared=True),  # readers share
         _hold("b", 8, 4.5, 6.0),  # a writer meets a reader
         Write("a", 1, 0.5, True),  # current: fine
-        Write("a", 1, 1.2, True),  # token 2 had been granted: stale, and accepted
-        Write("a", 1, 1.3, False),  # stale but refused: fine
+        Write("a", 1, 1.2, True),  # token 2 was granted, but nobody wrote with it: fine
+        Write("a", 3, 1.6, True),
+        Write("a", 2, 1.7, False),  # stale, and refused: fine
+        Write("a", 2, 1.8, True),  # stale, and accepted (a store that forgot 3)
         Fault("blackhole", 0.2, 2.7),
         Fault("restart", 6.5, 7.0),
     ]
     report = check_history(records)
     assert [(a.token, b.token) for a, b in report.overlaps] == [(2, 3), (7, 8)]
     assert [(a.token, b.token) for a, b in report.token_regressions] == [(3, 3)]
-    assert [(w.token, w.at) for w in report.stale_writes] == [(1, 1.2)]
+    assert [(w.token, w.at) for w in report.stale_writes] == [(2, 1.8)]
     assert [(f.kind, r) for f, r in report.recoveries] == [("blackhole", pytest.approx(0.3)),
                                                            ("restart", None)]
     assert report.longest_recovery == float("inf")
-    assert not report.ok and report.holds == 7 and report.writes == 3
+    assert not report.ok and report.holds == 7 and report.writes == 5
     assert "2 belief overlaps" in str(report) and "1 stale writes" in str(report)
     assert check_history([_hold("a", 1, 0, 1), _hold("a", 2, 1, 2)]).ok
 
