@@ -239,7 +239,8 @@ class AsyncPort:
                     raise
                 followed = True
                 await self._forget_master()
-        return await self._send("EVALSHA", script.sha, len(keys), *keys, *args, then=then)
+        # a SCRIPT FLUSH came between every load and its run: the body cannot answer NOSCRIPT
+        return await self._send("EVAL", script.script, len(keys), *keys, *args, then=then)
 
     async def _forget_master(self) -> None:
         """A Sentinel master was demoted: close the hot connections (they talk to it) and ask

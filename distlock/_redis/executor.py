@@ -11,7 +11,8 @@ Three kinds of traffic, three methods, and the retry policy of each is decided h
   ``execute_command`` (its override sees distlock's reads, not its scripts: an override that
   retries would send a state change twice). Only fakeredis, which has no network and so no
   lost replies, is driven through its ``execute_command``. NOSCRIPT (a restarted server, SCRIPT
-  FLUSH) means the script did not run: it is loaded and sent again. A Redis error names the
+  FLUSH) means the script did not run: it is loaded and sent again, and the last try sends the
+  script's body (EVAL), which cannot answer NOSCRIPT. A Redis error names the
   script's file and line (see ``_redis.scripts.locate``).
 - ``read(*command)``: one command that is safe to repeat (EXISTS, HGET, HMGET, ZSCORE,
   ZREM of our own entry, TIME); it goes through the client, retries and all.
@@ -164,9 +165,12 @@ class Executor:
                 # ask the sentinels now: a new master drops the pool's idle connections,
                 # which all talk to the demoted one
                 self.client.connection_pool.get_master_address()
+        # A SCRIPT FLUSH came between every load and its run (NOSCRIPT: nothing ran): send the
+        # body itself, which cannot answer NOSCRIPT. An EVALSHA once more could, and did, under
+        # a flush every 10 ms on a loaded machine.
         if then is None:
-            return self._execute("EVALSHA", script.sha, len(keys), *keys, *args)
-        return self._execute_pair(("EVALSHA", script.sha, len(keys), *keys, *args), then)
+            return self._execute("EVAL", script.script, len(keys), *keys, *args)
+        return self._execute_pair(("EVAL", script.script, len(keys), *keys, *args), then)
 
     def _gate_wait(self) -> None:
         """Block until a run slot is free (all ``SCRIPT_CONCURRENCY`` are in flight).

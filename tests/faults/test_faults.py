@@ -14,6 +14,7 @@ the wait, so at most two commands can be in flight past it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -25,6 +26,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import faults
 import pytest
 import redis
+import redis.asyncio
 from _support import start
 from faults import PRIMITIVES, FaultProxy, FencedResource, Holder
 from redis.backoff import NoBackoff
@@ -559,6 +561,64 @@ def test_6_script_flush_mid_run(client: Any, kind: str) -> None:
     assert int(client.get(counter)) == 120
     assert kept.owned() and not lost, "a renewal failed for good after SCRIPT FLUSH"
     kept.release()
+
+
+@pytest.mark.real_redis
+def test_6_a_flush_after_every_load_still_runs(client: Any, monkeypatch: Any) -> None:
+    """The worst of scenario 6, made certain: a SCRIPT FLUSH lands between every load and the
+    run it was for. The retries' last try sends the script's body (EVAL), which cannot answer
+    NOSCRIPT; an EVALSHA there let NoScriptError reach the user (seen once, as a failed
+    test_6 on the fair lock under load)."""
+    loads: List[int] = []
+    real_load = client.script_load
+
+    def load_then_flush(body: Any) -> Any:
+        sha = real_load(body)
+        loads.append(1)
+        client.script_flush()
+        return sha
+
+    lock = distlock.DistLock("s6-always", client=client)
+    monkeypatch.setattr(session_for(client).executor.client, "script_load", load_then_flush)
+    client.script_flush()
+    assert lock.acquire(blocking=False)
+    client.script_flush()
+    lock.release()
+    assert loads and not lock.locked()
+
+
+@pytest.mark.real_redis
+def test_6_a_flush_after_every_load_still_runs_asyncio(url: str, client: Any,
+                                                       monkeypatch: Any) -> None:
+    from distlock._redis.aport import AsyncPort
+    from distlock.asyncio import DistLock as AsyncDistLock
+
+    flushes: List[int] = []
+    real_send = AsyncPort._send
+
+    async def send_then_flush(self: Any, *args: Any, then: Any = None) -> Any:
+        reply = await real_send(self, *args, then=then)
+        if args[:2] == ("SCRIPT", "LOAD"):
+            client.script_flush()  # between this load and the run it was for
+            flushes.append(1)
+        return reply
+
+    monkeypatch.setattr(AsyncPort, "_send", send_then_flush)
+
+    async def main() -> None:
+        aclient = redis.asyncio.Redis.from_url(url)
+        try:
+            lock = AsyncDistLock("s6-always-aio", client=aclient)
+            client.script_flush()
+            assert await lock.acquire()
+            client.script_flush()
+            await lock.release()
+            assert not await lock.locked()
+        finally:
+            await aclient.aclose() if hasattr(aclient, "aclose") else await aclient.close()
+
+    asyncio.run(main())
+    assert flushes
 
 
 # --- 7. maxmemory reached under noeviction -----------------------------------------------------
