@@ -12,18 +12,23 @@
 - ``History`` records what each process believed it held, its fenced writes and the faults;
   ``check_history`` reports overlapping beliefs, tokens that went backwards, stale writes the
   fenced store took, and how long the lock took to be taken again after each fault.
+- ``FencedStore`` takes a write only with a token at least as large as the largest it took.
+- ``python -m distlock.testing.nemesis`` (``distlock.testing.nemesis``) runs worker processes
+  against a private server under faults, records their beliefs and fenced writes, and checks
+  the record.
 - ``distlock.testing.pytest_plugin`` (opt-in) gives the fixtures ``distlock_server`` and
   ``fault_proxy``.
 
 Importing this package imports neither pytest nor any server: nothing starts until asked.
 """
 
+from .fenced import FencedStore
 from .history import BELIEF_ENDS, Fault, History, Hold, Report, Write, check_history
 from .proxy import DIRECTIONS, FaultProxy
 from .server import RedisServer, free_port, redis_server_binary
 
 __all__ = [
     "RedisServer", "free_port", "redis_server_binary",
-    "FaultProxy", "DIRECTIONS",
+    "FaultProxy", "DIRECTIONS", "FencedStore",
     "History", "Hold", "Write", "Fault", "Report", "check_history", "BELIEF_ENDS",
 ]

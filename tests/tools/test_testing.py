@@ -398,3 +398,42 @@ def test_without_the_plugin_the_fixtures_are_unknown(tmp_path: Any) -> None:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "fixture 'distlock_server' not found" in result.stdout
+
+
+# --- the fenced store --------------------------------------------------------------------------
+
+def _fenced_writes(directory: str, tokens: List[int]) -> None:
+    from distlock.testing import FencedStore
+
+    store = FencedStore(directory)
+    for token in tokens:
+        store.write("shared", token)
+
+
+def test_the_fenced_store_takes_no_token_below_the_largest(tmp_path: Any) -> None:
+    from distlock.testing import FencedStore
+
+    store = FencedStore(str(tmp_path))
+    assert store.highest("a") is None
+    taken, at = store.write("a", 5)
+    assert taken and isinstance(at, float)
+    assert store.write("a", 5)[0]  # the same holder writes again
+    assert not store.write("a", 4)[0] and store.highest("a") == 5
+    assert store.write("b", 1)[0]  # names are independent
+    assert store.write("a", 9)[0] and store.highest("a") == 9
+    with pytest.raises(TypeError, match="token must be an int"):
+        store.write("a", "9")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name must be a str"):
+        store.write(7, 9)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="directory must be a path"):
+        FencedStore(3)  # type: ignore[arg-type]
+    # processes share it: the largest of all their tokens wins
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_fenced_writes, args=(str(tmp_path), list(range(k, 200, 4))))
+             for k in range(4)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    assert store.highest("shared") == 199

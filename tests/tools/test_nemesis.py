@@ -1,0 +1,72 @@
+"""``python -m distlock.testing.nemesis`` on the single-server topology, in both shells: a short
+schedule of every nemesis, checked by ``check_history``.
+
+What docs/safety.rst promises on one server: tokens increase in grant order and the fenced store
+takes no stale write under every nemesis; no two processes, threads or tasks believe they hold
+one name at once under every nemesis but a restart without persistence. There the session stops
+believing a fraction of a second after it sees the reset (docs/safety.rst, "A broken connection
+suspends belief"), and the fresh server may grant the name inside that window: those overlaps are
+counted and printed here, not yet asserted away (see the CHANGELOG).
+
+Only the nemesis' own servers and proxies on 127.0.0.1 get traffic; each phase is bounded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from distlock.testing.nemesis import NEMESES, Phase, format_rows, run_phase
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.slow]
+
+LEASE = 0.4
+SECONDS = 2.0
+
+
+@pytest.mark.parametrize("shell", ["threads", "asyncio"])
+@pytest.mark.parametrize("nemesis", NEMESES)
+def test_a_short_schedule_keeps_what_safety_promises(nemesis: str, shell: str,
+                                                     url: str) -> None:
+    # ``url``: the test server is real (the nemesis starts servers of its own from the same
+    # binary); this test skips where there is none
+    report = run_phase(Phase(nemesis, processes=3, threads=2, names=2, lease=LEASE,
+                             seconds=SECONDS, shell=shell))
+    print(format_rows([(f"server/{shell}", nemesis, report)]))
+    assert report.holds > 0 and report.writes > 0
+    assert report.token_regressions == [], report
+    assert report.stale_writes == [], report
+    if nemesis != "restart":
+        assert report.overlaps == [], report
+    if nemesis != "none":
+        (fault, recovery), = report.recoveries
+        assert fault.kind == nemesis and recovery is not None  # the lock was taken again
+
+
+def test_the_command_prints_its_table_and_refuses_bad_input(url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "distlock.testing.nemesis", "--nemesis", "none", "--shell",
+         "threads", "--processes", "2", "--threads", "1", "--seconds", "1", "--lease", "0.3"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    header, row = result.stdout.strip().splitlines()
+    assert header.split()[:3] == ["topology", "nemesis", "holds"]
+    assert row.split()[:2] == ["server/threads", "none"] and int(row.split()[2]) > 0
+    bad = subprocess.run([sys.executable, "-m", "distlock.testing.nemesis", "--processes", "0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "processes must be at least 1" in bad.stderr
+
+
+def test_a_phase_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="nemesis must be one of"):
+        Phase("flood")
+    with pytest.raises(ValueError, match="shell must be"):
+        Phase("none", shell="trio")
+    with pytest.raises(TypeError, match="threads must be an int"):
+        Phase("none", threads=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs seconds >= 4 leases"):
+        Phase("pause", lease=1.0, seconds=2.0)
+    with pytest.raises(ValueError, match="lease and seconds must be > 0"):
+        Phase("none", lease=0)
