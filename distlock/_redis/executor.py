@@ -290,12 +290,15 @@ class Batch:
     """Scripts and commands queued for one round trip; ``execute`` sends them. A script's
     error in the replies names the script's file and line, as ``run``'s do."""
 
-    __slots__ = ("_scripts", "_pipe", "_names", "_wait", "acked")
+    __slots__ = ("_scripts", "_client", "_pipe", "_names", "_calls", "_wait", "acked")
 
     def __init__(self, scripts: Dict[str, Any], client: Any) -> None:
         self._scripts = scripts
+        self._client = client
         self._pipe = client.pipeline(transaction=False)
         self._names: List[str] = []  # per queued entry: its script's name, or ''
+        #: per queued entry: a script's (keys, args), or None for a command
+        self._calls: List[Optional[Tuple[Tuple[str, ...], Tuple[Any, ...]]]] = []
         self._wait: Optional[Tuple[int, int]] = None
         #: after ``execute``, with ``wait``: per entry, WAIT's reply on its connection (a
         #: count, or the error it met); None without ``wait``
@@ -310,10 +313,12 @@ class Batch:
         # redis-py's Script on a pipeline loads itself before the pipeline runs (NOSCRIPT-safe)
         self._scripts[name](keys=keys, args=args, client=self._pipe)
         self._names.append(name)
+        self._calls.append((tuple(keys), tuple(args)))
 
     def command(self, *args: Any) -> None:
         self._pipe.execute_command(*args)
         self._names.append("")
+        self._calls.append(None)
 
     def __len__(self) -> int:
         return len(self._names)
@@ -325,6 +330,7 @@ class Batch:
         raw = self._pipe.execute(raise_on_error=False)
         if self._wait is not None:
             self.acked = [raw.pop()] * len(self._names)
+        self._again(raw)
         replies = [located(name, reply) if name and isinstance(reply, redis.exceptions.ResponseError)
                    else reply
                    for name, reply in zip(self._names, raw)]
@@ -333,6 +339,32 @@ class Batch:
                 if isinstance(reply, Exception):
                     raise reply
         return replies
+
+    def _again(self, raw: List[Any]) -> None:
+        """The scripts that answered NOSCRIPT (a SCRIPT FLUSH came between the pipeline's
+        load and its run: they did not run) go once more, each with its body (EVAL, which
+        cannot answer NOSCRIPT), in one more round trip; their replies replace the errors."""
+        again = [i for i, (name, reply) in enumerate(zip(self._names, raw))
+                 if name and isinstance(reply, redis.exceptions.NoScriptError)]
+        if not again:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for i in again:
+            call = self._calls[i]
+            assert call is not None
+            keys, args = call
+            pipe.execute_command("EVAL", self._scripts[self._names[i]].script, len(keys),
+                                 *keys, *args)
+        if self._wait is not None:
+            pipe.execute_command("WAIT", *self._wait)
+        more = pipe.execute(raise_on_error=False)
+        if self._wait is not None:
+            acked = more.pop()
+            assert self.acked is not None
+            for i in again:
+                self.acked[i] = acked
+        for i, reply in zip(again, more):
+            raw[i] = reply
 
 
 def demoted(exc: BaseException) -> bool:

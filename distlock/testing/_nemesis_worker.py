@@ -36,7 +36,7 @@ class _Plan:
         self.names = list(config["names"])
         self.threads = int(config["threads"])
         self.lease = float(config["lease"])
-        self.until = time.monotonic() + float(config["seconds"])
+        self.until = time.monotonic() + float(config["seconds"])  # until the nemesis says
         self.history = History(config["history"])
         self.store = FencedStore(config["store"])
         self.shell: str = config.get("shell", "threads")
@@ -45,24 +45,41 @@ class _Plan:
 
 def _believing(plan: _Plan, lock: Any, name: str, token: Optional[int]) -> Iterator[float]:
     """While the hold is believed: write, pause a little (the caller sleeps what this yields,
-    in its own way), write again. The belief's end is recorded before any release."""
-    deadline = time.monotonic() + lock.valid_for()
+    in its own way), write again. The belief's end is recorded before any release, at the
+    moment the holder stopped believing and no later than its local deadline: a holder paused
+    between its last look and its record must not seem to have believed longer than it could."""
+    left = lock.valid_for()
+    if left <= 0 or token is None:
+        return  # paused between acquire and here: it never believed in time to act
+    deadline = time.monotonic() + left
     hold = plan.history.begin(name, token)
+    cause = "released"
     for _ in range(plan.writes):
         if lock.valid_for() <= 0:
-            plan.history.end(hold, "deadline", at=max(deadline, hold.start))
-            return
-        assert token is not None
+            cause = "lost"  # suspended, lost, or past its deadline (then it ends there)
+            break
         accepted, decided = plan.store.write(name, token)
         plan.history.write(name, token, accepted, at=decided)
         yield plan.lease / 20
-    if lock.valid_for() <= 0:
+    else:
+        if lock.valid_for() <= 0:
+            cause = "lost"
+    now = time.monotonic()
+    if now >= deadline:
         plan.history.end(hold, "deadline", at=max(deadline, hold.start))
     else:
-        plan.history.end(hold, "released")
+        plan.history.end(hold, cause, at=now)
 
 
-def _thread_loop(plan: _Plan, client: Any) -> None:
+def _thread_loop(plan: _Plan, client: Any, failures: List[BaseException]) -> None:
+    try:
+        _locking(plan, client)
+    except BaseException as exc:  # noqa: BLE001 - reported by the process' exit status
+        failures.append(exc)
+        raise
+
+
+def _locking(plan: _Plan, client: Any) -> None:
     import distlock
 
     rng = random.Random()
@@ -112,14 +129,20 @@ def _client(plan: _Plan) -> Any:
                                 socket_connect_timeout=plan.lease / 2)
 
 
-def _run_threads(plan: _Plan) -> None:
+def _run_threads(plan: _Plan) -> int:
+    """Run the threads; 1 if one of them failed or did not end in time."""
     client = _client(plan)
-    threads = [threading.Thread(target=_thread_loop, args=(plan, client), daemon=True,
+    failures: List[BaseException] = []
+    threads = [threading.Thread(target=_thread_loop, args=(plan, client, failures), daemon=True,
                                 name=f"nemesis-worker-{i}") for i in range(plan.threads)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(max(0.0, plan.until - time.monotonic()) + 30 * plan.lease + 10)
+    hung = [t.name for t in threads if t.is_alive()]
+    if hung:
+        print(f"nemesis worker: threads did not end: {', '.join(hung)}", file=sys.stderr)
+    return 1 if failures or hung else 0
 
 
 async def _run_tasks(plan: _Plan) -> None:
@@ -135,12 +158,15 @@ async def _run_tasks(plan: _Plan) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     plan = _Plan(json.loads(args[0]))
+    import distlock  # noqa: F401 - imported before "ready", so that every worker starts alike
+
     print("ready", flush=True)
+    # the nemesis answers with when the run ends (time.monotonic() is one clock for the host)
+    plan.until = float(sys.stdin.readline())
     if plan.shell == "asyncio":
         asyncio.run(_run_tasks(plan))
-    else:
-        _run_threads(plan)
-    return 0
+        return 0
+    return _run_threads(plan)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -93,12 +94,19 @@ class _Workers:
                     proc = subprocess.Popen(
                         [sys.executable, "-m", "distlock.testing._nemesis_worker",
                          json.dumps(config)],
-                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log)
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
                 self.procs.append(proc)
             for proc in self.procs:
                 assert proc.stdout is not None
-                if proc.stdout.readline().strip() != b"ready":
+                ready = select.select([proc.stdout], [], [], 60)[0]
+                if not ready or proc.stdout.readline().strip() != b"ready":
                     raise RuntimeError(f"a nemesis worker did not start (status {proc.poll()})")
+            # one end for all: a worker that was slow to start must not end early
+            until = f"{time.monotonic() + phase.seconds!r}\n".encode()
+            for proc in self.procs:
+                assert proc.stdin is not None
+                proc.stdin.write(until)
+                proc.stdin.close()
         except BaseException:
             self.close()
             raise
@@ -122,19 +130,27 @@ class _Workers:
                                    f"\n{tail}")
 
     def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
+        try:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    try:
+                        proc.send_signal(signal.SIGCONT)
+                        proc.kill()
+                    except OSError:
+                        pass
                 try:
-                    proc.send_signal(signal.SIGCONT)
-                    proc.kill()
-                except OSError:
-                    pass
-            proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-        for proxy in self.proxies:
-            proxy.close()
-        self.server.stop()
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass  # SIGKILLed: the kernel ends it; nothing more to do from here
+                for pipe in (proc.stdin, proc.stdout):
+                    if pipe is not None and not pipe.closed:
+                        pipe.close()
+        finally:
+            try:
+                for proxy in self.proxies:
+                    proxy.close()
+            finally:
+                self.server.stop()
 
 
 def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, str]:

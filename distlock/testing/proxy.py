@@ -73,7 +73,7 @@ class _Pipe:
 
 
 class _Conn:
-    __slots__ = ("client", "upstream", "c2s", "s2c", "pubsub", "tainted", "closed")
+    __slots__ = ("client", "upstream", "c2s", "s2c", "pubsub", "tainted", "closed", "ending")
 
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client = client
@@ -83,6 +83,10 @@ class _Conn:
         self.pubsub = False  # SUBSCRIBE seen in the client->server stream
         self.tainted = False  # some of its traffic was dropped: its protocol stream is broken
         self.closed = False
+        self.ending = False  # one side ended: close once what is still due has gone out
+
+    def pending(self) -> bool:
+        return bool(self.c2s.due or self.c2s.out or self.s2c.due or self.s2c.out)
 
 
 class FaultProxy:
@@ -112,7 +116,8 @@ class FaultProxy:
         self._black: Dict[str, bool] = {"c2s": False, "s2c": False}
         self._drop_pubsub = False
         self._conns: List[_Conn] = []
-        self._calls: queue.Queue[Tuple[Callable[[], None], threading.Event]] = queue.Queue()
+        self._calls: queue.Queue[Tuple[Callable[[], None], threading.Event, List[BaseException]]] = \
+            queue.Queue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stopping = False
@@ -250,6 +255,8 @@ class FaultProxy:
             self._call(do)
         self._stopping = True
         self._thread.join(timeout=5.0)
+        for conn in list(self._conns):  # the thread ended on its own: close what it left
+            self._close(conn, rst=False)
         self._sel.close()
         self.listener.close()
         self._wake_r.close()
@@ -279,13 +286,23 @@ class FaultProxy:
         if self._stopping or not self._thread.is_alive():
             raise RuntimeError("the fault proxy is closed")
         done = threading.Event()
-        self._calls.put((fn, done))
+        failed: List[BaseException] = []
+        self._calls.put((fn, done, failed))
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         if not done.wait(timeout):
             raise RuntimeError(f"the fault proxy's thread did not answer within {timeout:g} s")
+        if failed:
+            raise failed[0]
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        finally:  # however it ends, no proxied socket stays open behind it
+            for conn in list(self._conns):
+                self._close(conn, rst=False)
+
+    def _serve(self) -> None:
         while not self._stopping:
             timeout = 0.2
             now = time.monotonic()
@@ -311,11 +328,13 @@ class FaultProxy:
     def _run_calls(self) -> None:
         for _ in range(1000):
             try:
-                fn, done = self._calls.get_nowait()
+                fn, done, failed = self._calls.get_nowait()
             except queue.Empty:
                 return
             try:
                 fn()
+            except Exception as exc:  # noqa: BLE001 - the caller raises it, in its thread
+                failed.append(exc)
             finally:
                 done.set()
 
@@ -323,7 +342,7 @@ class FaultProxy:
         for _ in range(64):
             try:
                 sock, _addr = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
+            except OSError:  # none waiting, or out of descriptors: the next round tries again
                 return
             try:
                 upstream = socket.create_connection(self.target, timeout=2.0)
@@ -349,7 +368,13 @@ class FaultProxy:
             self._close(conn, rst=True)
             return
         if not data:
-            self._close(conn, rst=False)
+            if conn.pending():  # deliver what is still due (a delayed reply), then close
+                conn.ending = True
+                for sock in (conn.client, conn.upstream):
+                    with contextlib.suppress(KeyError, ValueError):
+                        self._sel.unregister(sock)
+            else:
+                self._close(conn, rst=False)
             return
         if pipe_name == "c2s" and b"SUBSCRIBE" in data.upper():
             conn.pubsub = True
@@ -375,6 +400,8 @@ class FaultProxy:
                         self._close(conn, rst=True)
                         break
                     del pipe.out[:sent]
+            if conn.ending and not conn.closed and not conn.pending():
+                self._close(conn, rst=False)
 
     def _close(self, conn: _Conn, rst: bool) -> None:
         if conn.closed:

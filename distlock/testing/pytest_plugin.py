@@ -15,6 +15,7 @@ Importing ``distlock.testing`` does not import this module, nor pytest.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Iterator
 
@@ -47,7 +48,10 @@ def distlock_server(_distlock_session_server: RedisServer) -> RedisServer:
     """A private server, empty at the start of the test (``.url``, ``.port``, ``.restart()``)."""
     server = _distlock_session_server
     if server.proc is None or server.proc.poll() is not None:
-        server.start()  # a test killed it: the next one gets a live, empty one
+        # a test killed or stopped it: the next one gets a live, empty one (stop() removed
+        # its directory)
+        os.makedirs(server.dir, exist_ok=True)
+        server.start()
     _flushall(server)
     return server
 

@@ -621,6 +621,32 @@ def test_6_a_flush_after_every_load_still_runs_asyncio(url: str, client: Any,
     assert flushes
 
 
+@pytest.mark.real_redis
+@pytest.mark.parametrize("wait", [False, True])
+def test_6_a_flush_after_a_batchs_load_still_runs(client: Any, monkeypatch: Any,
+                                                  wait: bool) -> None:
+    """The watchdog's renewals go in a batch (a pipeline), which redis-py loads its scripts
+    for before it runs: a SCRIPT FLUSH between the two left every renewal of a round with
+    NOSCRIPT, and under a flush every 10 ms a semaphore's permit ran out unrenewed (seen as a
+    failed test_sem_6 under load). The entries that answered NOSCRIPT go again with their
+    bodies; here a flush follows every load, for certain."""
+    real_load = redis.client.Pipeline.load_scripts
+
+    def load_then_flush(pipe: Any) -> None:
+        real_load(pipe)
+        client.script_flush()
+
+    monkeypatch.setattr(redis.client.Pipeline, "load_scripts", load_then_flush)
+    client.script_flush()
+    batch = session_for(client).executor.renewal_batch()
+    batch.script("bar_info", ("s6b:{t}:a", "s6b:{t}:b", "s6b:{t}:c", "s6b:{t}:d"), (1000,))
+    batch.command("PING")
+    if wait:
+        batch.wait(0, 1)
+    assert batch.execute() == [[0, 0], True]
+    assert batch.acked == ([0, 0] if wait else None)
+
+
 # --- 7. maxmemory reached under noeviction -----------------------------------------------------
 
 def _fill_until_out_of_memory(full: redis.Redis, tag: str) -> None:
