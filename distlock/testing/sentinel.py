@@ -291,7 +291,15 @@ class SentinelSet:
         return [n.addr for n in self.nodes if n.addr != master]
 
     def role(self, addr: Addr) -> str:
-        return text(self._conn(addr).execute_command("ROLE")[0])
+        """``ROLE`` of one node. A node that changes role closes its clients' connections
+        (this module's own among them): the question then goes once more, on a new one."""
+        try:
+            return text(self._conn(addr).execute_command("ROLE")[0])
+        except redis.ConnectionError:
+            stale = self._conns.pop(addr, None)
+            if stale is not None:
+                stale.close()
+            return text(self._conn(addr).execute_command("ROLE")[0])
 
     def _problem(self) -> Optional[str]:
         """Why the set is not whole now (None when it is): see the module's docstring."""
