@@ -17,7 +17,7 @@ import tempfile
 import threading
 from typing import Any, List, Optional, Tuple
 
-__all__ = ["Addr", "HOST", "POLL", "Node", "free_ports", "ping", "text"]
+__all__ = ["Addr", "HOST", "POLL", "Node", "free_ports", "ping", "stop_all", "text"]
 
 #: A node's address: (host, port).
 Addr = Tuple[str, int]
@@ -121,3 +121,16 @@ class Node:
                 return fh.read()[-chars:]
         except OSError:
             return ""
+
+
+def stop_all(nodes: List[Node]) -> None:
+    """End every node: all are asked to terminate at once (they shut down in parallel), then
+    each is waited for, killed if it lingers, and its directory removed."""
+    for node in nodes:
+        node.terminate()
+    for node in nodes:
+        try:
+            node.stop()
+        except Exception:  # noqa: BLE001 - stop the others all the same
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.kill()

@@ -44,7 +44,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
 from redis.retry import Retry
 
-from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, text
+from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, stop_all, text
 from ._slots import SLOTS, SlotMoves, SlotRange, _ClusterNode, cluster_cli, slot_map
 from .server import redis_server_binary
 
@@ -178,14 +178,7 @@ class Cluster(SlotMoves):
             except Exception:  # noqa: BLE001 - going away
                 pass
         self._conns.clear()
-        for node in self._nodes:
-            node.terminate()  # all at once: they shut down in parallel
-        for node in self._nodes:
-            try:
-                node.stop()
-            except Exception:  # noqa: BLE001 - stop the others all the same
-                if node.proc is not None and node.proc.poll() is None:
-                    node.proc.kill()
+        stop_all(self._nodes)
 
     def __enter__(self) -> Cluster:
         return self

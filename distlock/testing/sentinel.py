@@ -45,7 +45,7 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, text
+from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, stop_all, text
 from .server import redis_server_binary
 
 __all__ = ["SentinelSet", "SERVICE", "DOWN_AFTER_MS", "FAILOVER_TIMEOUT_MS"]
@@ -198,15 +198,7 @@ class SentinelSet:
         self._conns.clear()
         for node in self._stopped:
             self._signal(node, signal.SIGCONT)
-        everything: List[Node] = [*self.sentinels, *self.nodes]
-        for each in everything:
-            each.terminate()
-        for each in everything:
-            try:
-                each.stop()
-            except Exception:  # noqa: BLE001 - stop the others all the same
-                if each.proc is not None and each.proc.poll() is None:
-                    each.proc.kill()
+        stop_all([*self.sentinels, *self.nodes])
 
     def __enter__(self) -> SentinelSet:
         return self

@@ -19,6 +19,7 @@ from typing import Any, List
 
 import pytest
 import redis
+from _support import settle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,16 +52,6 @@ def _ask(sock: socket.socket, command: bytes) -> bytes:
     return sock.recv(256)
 
 
-def faults_wait(predicate: Any, timeout: float) -> bool:
-    """Poll ``predicate`` until it holds or ``timeout`` seconds passed (a loaded machine)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 # --- the fault proxy ---------------------------------------------------------------------------
 
 @pytest.mark.real_redis
@@ -91,7 +82,7 @@ def test_proxy_drops_replies_after_the_request_ran(url: str, client: redis.Redis
             with pytest.raises(socket.timeout):
                 _ask(sock, b"SET ran yes\r\n")
             # it ran: only its answer was lost
-            assert faults_wait(lambda: client.get("ran") == b"yes", 10)
+            assert settle(lambda: client.get("ran") == b"yes", 10)
             assert proxy.connections() == 1  # kept open, as a partition keeps it
             proxy.heal()  # that connection lost bytes: it is reset, not reused
             assert proxy.connections() == 0
