@@ -145,14 +145,9 @@ def test_1_sigkilled_async_holder_frees_after_lease_never_before(
     one) and is killed: an asyncio waiter gets the lock when the lease runs out, not before,
     and within a bound; its token is above the dead holder's."""
     name = _unique(f"as1-{kind}")
-    holder = Mailbox(children.start(_aio_workers.async_holder, url, kind, name, lease, FAST))
-    _, first, _at, pid, ok = holder.take("acquired", 60)
-    assert ok is True
-    if lease is None:
-        time.sleep(FAST["lease"] * 1.5)  # past one lease: only renewals keep it
-        assert lease_left(client, kind, name) > 0, "the watchdog did not keep the hold alive"
-    # the probe's client is warmed up on another name first (a cluster client finds its
-    # slots on its first call), so that its first try on ``name`` is one round trip
+    # the probe's client is warmed up on another name first, before the holder's lease starts
+    # (a cluster client finds its slots on its first call), so that its first try on ``name``
+    # is one round trip
     aclient = aio.client(url)
     probe, warm = make_async(kind, name, aclient), make_async(kind, f"{name}-warm", aclient)
 
@@ -161,12 +156,23 @@ def test_1_sigkilled_async_holder_frees_after_lease_never_before(
         await warm.release()
 
     aio.call(warm_up)
+    holder = Mailbox(children.start(_aio_workers.async_holder, url, kind, name, lease, FAST))
+    _, first, acquired_at, pid, ok = holder.take("acquired", 60)
+    assert ok is True
+    if lease is None:
+        time.sleep(FAST["lease"] * 1.5)  # past one lease: only renewals keep it
+        assert lease_left(client, kind, name) > 0, "the watchdog did not keep the hold alive"
+    killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     children.procs[-1].join(10)
 
     sent = time.monotonic()
     left = lease_left(client, kind, name)
-    assert left > 0, "the hold vanished with its holder, before its lease ran out"
+    # The hold outlives its holder until its lease runs out: it must still be there, unless a
+    # loaded machine took that long to look (time.monotonic() is one clock for the host).
+    ran_out = acquired_at + lease if lease is not None else killed + FAST["lease"]
+    assert left > 0 or sent >= ran_out - 0.010, \
+        "the hold vanished with its holder, before its lease ran out"
 
     async def take() -> Any:
         tried = time.monotonic()
