@@ -91,7 +91,7 @@ def workload(client: Any, kind: str, tag: str) -> None:
     session = session_for(_config.resolve_client(client))
     faults.wait_until(lambda: any(f"{{{name}}}" in ch for ch in session.subscribed_channels())
                       or not waiter.is_alive(), 10)
-    time.sleep(0.7)  # watchdog renewals (lease 0.5 s)
+    time.sleep(1.3)  # past one lease (1 s): only the watchdog's renewals keep the hold
     holder.release()
     waiter.join(15)
     assert results == [True]
@@ -117,7 +117,7 @@ def workload(client: Any, kind: str, tag: str) -> None:
         writer.start()  # a writer that waits, then gives up its place
         writer.join(10)
         assert outcome == [False]
-        time.sleep(0.7)  # reader renewals
+        time.sleep(1.3)  # past one lease (1 s): the reader's renewals keep it
         reader.release()
 
 
@@ -227,7 +227,7 @@ def sync_workload(client: Any, tag: str) -> None:
 
 
 def full_workload(client: Any, admin: Any, tag: str) -> None:
-    distlock.configure(lease=0.5, renew_interval=0.15, wait_cap=0.5)
+    distlock.configure(lease=1.0, renew_interval=0.15, wait_cap=0.5)
     for kind in KINDS:
         workload(client, kind, tag)
     sync_workload(client, tag)
@@ -308,7 +308,7 @@ def test_password_in_url(client: Any) -> None:
         redis.Redis.from_url(server.url).config_set("requirepass", password)
         good = f"redis://:{password}@127.0.0.1:{server.port}/0"
         try:
-            distlock.configure(lease=0.5, renew_interval=0.15, wait_cap=0.5)
+            distlock.configure(lease=1.0, renew_interval=0.15, wait_cap=0.5)
             for kind in KINDS:
                 lock = PRIMITIVES[kind].make(f"pw-{kind}", good, None)
                 assert lock.acquire(timeout=5)
@@ -355,7 +355,7 @@ def test_tls_url(client: Any, tmp_path: Any) -> None:
         raise
     url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}&ssl_cert_reqs=required"
     try:
-        distlock.configure(lease=0.5, renew_interval=0.15, wait_cap=0.5)
+        distlock.configure(lease=1.0, renew_interval=0.15, wait_cap=0.5)
         for kind in KINDS:
             workload(url, kind, "tls")  # type: ignore[arg-type]
         plain_on_tls = redis.Redis(host="127.0.0.1", port=tls_port, socket_timeout=2)
