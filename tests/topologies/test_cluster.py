@@ -404,14 +404,16 @@ def test_a_bare_setslot_drops_the_hold_and_the_holder_is_told(cluster: Any, heal
 
 def _try(lock: Any, timeout: float) -> bool:
     """One bounded acquire during a failover: an error (no master for the slot yet) counts as
-    not acquired; it must come back within its bound and a second."""
+    not acquired; it must come back within its bound and three seconds (a loaded machine
+    overran one second by 0.2 s: what this catches is an acquire that waits for a whole socket
+    timeout or more)."""
     started = time.monotonic()
     try:
         got = bool(lock.acquire(timeout=timeout))
     except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError,
             redis.exceptions.RedisClusterException):
         got = False
-    assert time.monotonic() - started < timeout + 1.0, "an acquire waited past its bound"
+    assert time.monotonic() - started < timeout + 3.0, "an acquire waited past its bound"
     return got
 
 
