@@ -114,6 +114,9 @@ def _check(exc: WrongKindError, name: str, held: str, tried: str) -> None:
 @pytest.mark.parametrize("held,tried", _refused_pairs())
 def test_a_name_in_use_as_another_kind_is_refused_and_nothing_is_written(
         client: Any, held: str, tried: str) -> None:
+    # no renewal between the snapshots: a renewal rewrites the hold, which is not the refused
+    # call's doing (a loaded machine took longer than the 10 s renew interval here)
+    distlock.configure(lease=120.0, renew_interval=100.0)
     name = f"kind-{uuid.uuid4().hex[:8]}"
     end = _take(held, name, client)
     try:
@@ -130,6 +133,9 @@ def test_a_name_in_use_as_another_kind_is_refused_and_nothing_is_written(
 @pytest.mark.parametrize("held,tried", _refused_pairs())
 def test_an_async_call_on_a_name_of_another_kind_is_refused_and_nothing_is_written(
         client: Any, url: str, held: str, tried: str) -> None:
+    # no renewal between the snapshots: a renewal rewrites the hold, which is not the refused
+    # call's doing (a loaded machine took longer than the 10 s renew interval here)
+    distlock.configure(lease=120.0, renew_interval=100.0)
     name = f"akind-{uuid.uuid4().hex[:8]}"
     end = _take(held, name, client)
     try:
