@@ -15,9 +15,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Any, List, Optional, Tuple
+import time
+from typing import Any, Callable, List, Optional, Tuple
 
-__all__ = ["Addr", "HOST", "POLL", "Node", "free_ports", "ping", "stop_all", "text"]
+__all__ = ["Addr", "HOST", "POLL", "Node", "free_ports", "ping", "stop_all", "text",
+           "wait_settled"]
 
 #: A node's address: (host, port).
 Addr = Tuple[str, int]
@@ -134,3 +136,17 @@ def stop_all(nodes: List[Node]) -> None:
         except Exception:  # noqa: BLE001 - stop the others all the same
             if node.proc is not None and node.proc.poll() is None:
                 node.proc.kill()
+
+
+def wait_settled(logs: Callable[[], str], what: str, timeout: float,
+                 problem: Callable[[], Optional[str]]) -> None:
+    """Poll ``problem()`` (None once all is well, else why not) every ``POLL`` seconds until it
+    is None; after ``timeout`` seconds raise TimeoutError with the last reason and ``logs()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reason = problem()
+        if reason is None:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:g} s: {reason}\n{logs()}")
+        time.sleep(POLL)

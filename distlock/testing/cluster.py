@@ -44,7 +44,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
 from redis.retry import Retry
 
-from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, stop_all, text
+from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, stop_all, text, wait_settled
 from ._slots import SLOTS, SlotMoves, SlotRange, _ClusterNode, cluster_cli, slot_map
 from .server import redis_server_binary
 
@@ -381,21 +381,11 @@ class Cluster(SlotMoves):
                     return f"master {master} has no replica"
         return None
 
-    def _wait(self, what: str, timeout: float, problem: Any) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            reason = problem()
-            if reason is None:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not within {timeout:g} s: {reason}\n{self.logs()}")
-            time.sleep(POLL)
-
     def wait_agreement(self, timeout: float = 30.0, replicas: bool = True) -> None:
         """Wait until the running nodes are a whole cluster that agrees on its slot map (see
         ``_problem``; ``replicas=False`` when a master is down for good and its replica took
         over, leaving a master without replica); TimeoutError with the logs' tails if not."""
-        self._wait("the cluster is not whole and agreed", timeout,
+        wait_settled(self.logs, "the cluster is not whole and agreed", timeout,
                    lambda: self._problem(replicas))
 
     def wait_failover(self, old_master: Addr, timeout: float = 30.0) -> Addr:
@@ -419,7 +409,7 @@ class Cluster(SlotMoves):
                 return f"no replica of {old_master} ({candidates}) is master yet"
             return self._problem(replicas=False)
 
-        self._wait(f"failover of {old_master}", timeout, problem)
+        wait_settled(self.logs, f"failover of {old_master}", timeout, problem)
         return promoted[0]
 
     # --- faults ----------------------------------------------------------------------------------

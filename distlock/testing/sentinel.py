@@ -45,7 +45,7 @@ import redis.sentinel
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, stop_all, text
+from ._nodes import HOST, POLL, Addr, Node, free_ports, ping, stop_all, text, wait_settled
 from .server import redis_server_binary
 
 __all__ = ["SentinelSet", "SERVICE", "DOWN_AFTER_MS", "FAILOVER_TIMEOUT_MS"]
@@ -330,19 +330,9 @@ class SentinelSet:
                 return f"sentinel {sentinel.port} sees {len(up)} replicas up"
         return None
 
-    def _wait(self, what: str, timeout: float, problem: Any) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            reason = problem()
-            if reason is None:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not within {timeout:g} s: {reason}\n{self.logs()}")
-            time.sleep(POLL)
-
     def wait_whole(self, timeout: float = 60.0) -> None:
         """Wait until the set is whole (see ``_problem``); TimeoutError with the logs' tails."""
-        self._wait("the sentinel set is not whole", timeout, self._problem)
+        wait_settled(self.logs, "the sentinel set is not whole", timeout, self._problem)
 
     def down(self) -> List[Addr]:
         return [n.addr for n in self.nodes if not n.alive()]
@@ -384,7 +374,7 @@ class SentinelSet:
             found.append(new)
             return None
 
-        self._wait(f"promotion of a replica of {old}", timeout, problem)
+        wait_settled(self.logs, f"promotion of a replica of {old}", timeout, problem)
         return found[0]
 
     def cut_replicas(self) -> None:
