@@ -262,6 +262,15 @@ def _graced_setup() -> Any:
     return _thread._count(), len(threading._dangling)  # type: ignore[attr-defined]
 
 
+def _alive() -> Any:
+    """What is running now, for a failure's message: the threads, and each session's holds
+    (a thread that outlives a test is most often a watchdog kept by a hold)."""
+    from distlock._session.session import all_sessions
+
+    return ([t.name for t in threading.enumerate()],
+            [(s.id, list(s.holds)) for s in all_sessions()])
+
+
 def _run_cpython_suite(suite: unittest.TestSuite, at_least: int) -> None:
     """Run ``suite``: every test must pass, and its threads must end (see _cpython_suite)."""
     from test import support
@@ -279,13 +288,13 @@ def _run_cpython_suite(suite: unittest.TestSuite, at_least: int) -> None:
                 support.environment_altered = False
                 result = unittest.TestResult()
                 test.run(result)
-                assert result.wasSuccessful(), result.failures + result.errors
+                assert result.wasSuccessful(), (result.failures + result.errors, _alive())
                 if not support.environment_altered:
                     break
             else:
                 altered.append(test.id())
     assert suite.countTestCases() >= at_least
-    assert not altered, f"threads outlived these tests: {altered}"
+    assert not altered, f"threads outlived these tests: {altered}; now: {_alive()}"
 
 
 @pytest.mark.real_redis
