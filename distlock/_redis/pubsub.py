@@ -67,11 +67,9 @@ class Waiter:
         #: what a hint that named this waiter alone carried (a fair lock's hand-off: the token
         #: and lease of the hold it was given; see ``_core.replies.handoff``)
         self.payload: Optional[str] = None
-        #: what a release in this process may hand its lock to, directly (a default lock's
-        #: wait sets it: ``_primitives.lock_wait``); None for every other waiter
+        #: a default lock's wait, which a release of this process may hand the lock to
+        #: (``_primitives.lock_wait``), and what it was handed (``hand``: token, send time)
         self.taker: Any = None
-        #: the in-process hand-off it was given (``Board.hand``): the token, and when the
-        #: release that handed it was sent (monotonic); None until then
         self.handed: Optional[Tuple[int, float]] = None
 
 
@@ -157,8 +155,11 @@ class Board:
             return not chan.waiters
 
     def pick(self, channel_name: str) -> Optional[Waiter]:
-        """The first waiter on ``channel_name`` that a release in this process may hand its
-        lock to (it has a ``taker`` and was handed nothing yet), or None."""
+        """The first waiter on ``channel_name`` a release may hand its lock to (it has a
+        ``taker``, and nothing handed yet), or None. No mutex on a release's usual path."""
+        chan = self.channels.get(channel_name)
+        if chan is None or not chan.waiters:
+            return None
         with self.mutex:
             chan = self.channels.get(channel_name)
             if chan is not None:
@@ -168,10 +169,9 @@ class Board:
         return None
 
     def hand(self, waiter: Waiter, handed: Tuple[int, float]) -> bool:
-        """Give ``waiter`` the lock a release of this process handed it in Redis, and wake it;
-        False when it has left its queue meanwhile (the releaser then gives the lock back).
-        Under the mutex, as ``leave``: a waiter either gets it before it leaves, and sees it
-        as it leaves, or has left, and the releaser knows."""
+        """Give ``waiter`` the lock a release of this process handed it, and wake it; False when
+        it has left its queue (the releaser then gives the lock back). Under the mutex, as
+        ``leave``: a waiter gets it before it leaves (and sees it as it leaves), or not at all."""
         with self.mutex:
             if waiter not in waiter.channel.waiters:
                 return False
