@@ -205,7 +205,10 @@ def test_waiters_on_three_masters_use_one_pubsub_connection_per_node(
     names = _names_on(cluster, 3)
     assert len(names) == 3, "could not find names on three masters"
     holders = [DistLock(n, client=cluster_client) for n in names]
-    other = cluster.client()
+    # only this client's connections are counted (by name): a pub/sub connection of an
+    # earlier test that was still closing was counted once, on a loaded machine
+    tag = "pubsub-per-node"
+    other = cluster.client(client_name=tag)
     try:
         for h in holders:
             assert h.acquire()
@@ -228,8 +231,8 @@ def test_waiters_on_three_masters_use_one_pubsub_connection_per_node(
         for node_addr in cluster.masters():
             conn = redis.Redis(host=node_addr[0], port=node_addr[1])
             try:
-                pubsubs = [c for c in conn.client_list()
-                           if "P" in c.get("flags", "") or int(c.get("ssub", 0) or 0) > 0]
+                pubsubs = [c for c in conn.client_list() if c.get("name") == tag and (
+                    "P" in c.get("flags", "") or int(c.get("ssub", 0) or 0) > 0)]
             finally:
                 conn.close()
             assert len(pubsubs) == 1, (node_addr, pubsubs)
