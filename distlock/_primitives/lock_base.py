@@ -253,7 +253,8 @@ class _LockBase(SessionUser):
         now = 0.0
         # a waiter of this process the release may hand the lock to (lock_release, ARGV[5])
         taker = None
-        if self._shares and (count == 0 or count >= hold.count) and self._acks() is None:
+        if self._shares and (count == 0 or count >= hold.count) and self._acks() is None \
+                and hold.session.executor.hands_off:
             taker = yield Pick(keys.waiter_channel(hold.session.id))
         if shares:
             now = time.monotonic()

@@ -74,8 +74,9 @@ class _LockWaiting(Waiting):
         #: handed it, which the try found its own: lock_acquire): 0 until then
         self.took = 0
         #: a release of this process may hand the lock to this wait (``handoff_args``): a
-        #: default lock on one server, Sentinel or a cluster, whose grants wait for no replica
-        self._takes = lock._shares and lock._acks() is None
+        #: default lock on one server, Sentinel or a cluster (not a Redlock quorum, whichever
+        #: way its client was given), whose grants wait for no replica
+        self._takes = lock._shares and lock._acks() is None and session.executor.hands_off
         self.info = session.info
 
     def handoff_args(self, others: bool) -> Tuple[Any, ...]:
@@ -109,7 +110,8 @@ class _LockWaiting(Waiting):
             # queue, at its back, as a fair wait (docs/guides/locks.rst, "Mixed modes").
             fair = self._fair = FairWaiting(lock, session, owner, ms, count, watchdog)
             self.ident = waiter.ident = fair.ident
-            waiter.taker = None  # a fair wait is handed the lock in its queue's order only
+            if self._takes:
+                waiter.taker = None  # a fair wait is handed the lock in its queue's order only
             self.strict = self.named_grants = True
             return (yield from fair.attempt(mode, waiter))
         outcome = decode_acquire(reply)
@@ -129,12 +131,12 @@ class _LockWaiting(Waiting):
         return self._fair.named() if self._fair is not None else True
 
     def handed(self, waiter: Any) -> bool:
-        return self._fair is None and waiter.handed is not None
+        return self._takes and self._fair is None and waiter.handed is not None
 
     def claim(self) -> Flow[Any]:
         if self._fair is not None:
             return (yield from self._fair.claim())
-        if self._waiter is not None and self._waiter.handed is not None:
+        if self._takes and self._waiter is not None and self._waiter.handed is not None:
             return (yield from self._take_handed(self._waiter))
         return True
 
