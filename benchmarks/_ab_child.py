@@ -132,14 +132,18 @@ def uncontended(client: redis.Redis[Any], args: argparse.Namespace, prefix: str)
 
 
 def handoff(client: redis.Redis[Any], args: argparse.Namespace, prefix: str) -> Dict[str, Any]:
-    """DistLock release here -> a blocked waiter in another process returns; and the pub/sub
-    floor (PUBLISH -> subscribed waiter + 1 EVALSHA), in an order that alternates by round."""
+    """DistLock release here -> a blocked waiter in another process returns, or in another
+    thread of this process; and the pub/sub floor (PUBLISH -> subscribed waiter + 1 EVALSHA),
+    in an order that rotates by round."""
     runs: Dict[str, Dict[str, Any]] = {}
-    order = C.round_robin(["DistLock", "floor"], args.round)
+    order = C.round_robin(["DistLock", "floor", "in-process"], args.round)
     for which in order:
         if which == "DistLock":
             runs[which] = C.handoff_latency(client, args.url, make_distlock, f"{prefix}handoff",
                                             samples=args.samples, max_seconds=args.handoff_max_s)
+        elif which == "in-process":  # two threads of this process take turns
+            runs[which] = C.handoff_latency_local(client, make_distlock, f"{prefix}handoff-local",
+                                                  samples=args.samples, max_seconds=args.handoff_max_s)
         else:
             runs[which] = C.handoff_latency(client, args.url, C.make_hint_holder,
                                             f"{prefix}handoff-floor", samples=args.samples,
@@ -151,6 +155,8 @@ def handoff(client: redis.Redis[Any], args: argparse.Namespace, prefix: str) -> 
                "floor median ms": floor_med,
                "DistLock/floor": lock_med / floor_med if floor_med else math.nan,
                "DistLock samples": float(len(lat["DistLock"])),
+               "in-process median ms": C.median(lat["in-process"]),
+               "in-process/floor": C.median(lat["in-process"]) / floor_med if floor_med else math.nan,
                "acquire timeouts": float(sum(res["failures"] for res in runs.values()))}
     detail = {"order": order, **{which: {"latencies_ms": lat[which],
                                           **{k: v for k, v in res.items() if k != "latencies"}}

@@ -319,6 +319,71 @@ def handoff_latency(client: redis.Redis[Any], url: str, factory: LockFactory, na
             "capped": len(latencies) < samples}
 
 
+def handoff_latency_local(client: redis.Redis[Any], factory: LockFactory, name: str, *,
+                          samples: int, max_seconds: float, settle: Tuple[float, float] = (0.03, 0.13),
+                          acquire_timeout: float = 10.0, warmup: int = 3, seed: int = 1) -> Dict[str, Any]:
+    """``handoff_latency`` with the waiter a thread of this process, on the same client: two
+    threads of one process taking turns on one name (what a lock that hands over in the
+    process saves). Each sample as there: this thread takes the lock, the waiter thread says
+    it is about to acquire, this thread sleeps a random time in ``settle``, stamps the clock
+    and releases; the waiter stamps it when its ``acquire()`` returns, and releases."""
+    rng = random.Random(seed)
+    holder = factory(client, name)
+    waiter = factory(client, name)
+    go, waiting, done = threading.Event(), threading.Event(), threading.Event()
+    results: List[Tuple[bool, float]] = []
+    stop = [False]
+
+    def wait() -> None:
+        while True:
+            go.wait()
+            go.clear()
+            if stop[0]:
+                return
+            waiting.set()
+            ok = waiter.acquire(acquire_timeout)
+            t1 = time.monotonic()
+            if ok:
+                waiter.release()
+            results.append((ok, t1))
+            done.set()
+
+    thread = threading.Thread(target=wait, name="bench-handoff-waiter", daemon=True)
+    thread.start()
+    latencies: List[float] = []
+    failures = 0
+    started = time.monotonic()
+    attempt = 0
+    try:
+        while len(latencies) < samples and attempt < samples + warmup + 20:
+            if time.monotonic() - started > max_seconds:
+                break
+            if not holder.acquire(acquire_timeout):
+                raise RuntimeError(f"holder could not take {name!r} in {acquire_timeout} s")
+            done.clear()
+            go.set()
+            if not waiting.wait(30.0):
+                raise RuntimeError("handoff waiter thread did not start waiting")
+            waiting.clear()
+            time.sleep(rng.uniform(*settle))
+            t0 = time.monotonic()
+            holder.release()
+            if not done.wait(acquire_timeout + 30.0):
+                raise RuntimeError("handoff waiter thread did not come back")
+            ok, t1 = results[-1]
+            attempt += 1
+            if not ok:
+                failures += 1
+            elif attempt > warmup:
+                latencies.append(t1 - t0)
+    finally:
+        stop[0] = True
+        go.set()
+        thread.join(acquire_timeout + 30.0)
+    return {"latencies": latencies, "failures": failures, "seconds": time.monotonic() - started,
+            "capped": len(latencies) < samples}
+
+
 def _handoff_waiter(url: str, factory: LockFactory, name: str, acquire_timeout: float,
                     conn: Connection) -> None:
     client = connect(url)

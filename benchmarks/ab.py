@@ -15,8 +15,8 @@ of every per-round figure, and the median of the per-round "current / base" rati
   process), and the client's CPU time (``time.process_time()``) per acquire + release as a
   ratio to the floor's;
 - handoff: DistLock, from ``release()`` here to the return of a blocked ``acquire()`` in another
-  process (median ms), and its ratio to the pub/sub floor (PUBLISH -> subscribed waiter + one
-  EVALSHA) measured in the same child;
+  process, and in another thread of this process (median ms), and their ratios to the pub/sub
+  floor (PUBLISH -> subscribed waiter + one EVALSHA) measured in the same child;
 - contended: 4 processes doing a lock-protected GET/SET for 1 s, DistLock, DistRLock and
   redis-py's Lock in the same child: ops/s, the ratio to redis-py, and lost updates (must be 0).
 
@@ -68,6 +68,7 @@ SHOWN: Dict[str, List[Tuple[str, str, str]]] = {
     ],
     "handoff": [
         ("DistLock median ms", "ms", "lower"), ("DistLock/floor", "x", "lower"),
+        ("in-process median ms", "ms", "lower"), ("in-process/floor", "x", "lower"),
         ("floor median ms", "ms", "info"), ("DistLock p90 ms", "ms", "info"),
     ],
     "contended": [

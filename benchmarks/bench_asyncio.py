@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -488,7 +489,78 @@ def handoff(ctx: Ctx) -> List[C.Row]:
                              med / redis_med if redis_med else None, note, data))
         p99s.append(C.Row("handoff p99", label, p99, "ms", p99 / floor_p99 if floor_p99 else None,
                           p99 / redis_p99 if redis_p99 else None, note="pooled samples"))
-    return medians + rows + p99s
+    local = handoff_local(ctx, floor_med)
+    return medians + rows + p99s + local
+
+
+LOCAL_MEDIAN, LOCAL_P99 = "in-process handoff median", "in-process handoff p99"
+
+
+def handoff_local(ctx: Ctx, floor_med: float) -> List[C.Row]:
+    """The hand-off between two tasks of one event loop, on one client: from the start of the
+    holder task's ``release()`` to the return of the waiting task's ``acquire()``; as a ratio
+    to the cross-process floor of the same run (``handoff``). Each sample: the holder takes
+    the lock, starts the waiter task, sleeps 30 to 130 ms, stamps the clock and releases."""
+    k = ctx.knobs
+    rows: List[C.Row] = []
+    medians: Dict[str, float] = {}
+    for impl in [i for i in IMPLS if i.key in ("distlock", "distrlock", "redis_py")]:
+        problem = check(impl, ctx.client)
+        if problem:
+            rows.append(not_run(LOCAL_MEDIAN, impl, problem, "ms"))
+            continue
+        slow = not impl.ours
+        samples = (k.handoff_slow_samples if slow else k.handoff_samples) * k.handoff_rounds
+        C.eprint(f"handoff in-process: {impl.label} (up to {samples} samples)")
+        lat, failures = run(lambda impl=impl, samples=samples: _local_samples(  # type: ignore[misc]
+            impl.afactory, aclient_for(ctx.client), f"bench:async:handoff-local:{impl.key}",
+            samples, k.handoff_round_max_s * k.handoff_rounds))
+        ms = [x * 1000.0 for x in lat]
+        med, p99 = C.median(ms), C.percentile(ms, 99)
+        medians[impl.label] = med
+        note = f"n={len(ms)}" + (f", {failures} acquire timeouts" if failures else "")
+        rows.append(C.Row(LOCAL_MEDIAN, impl.label, med, "ms", med / floor_med if floor_med else None,
+                          note=note, data={"latencies_ms": ms}))
+        rows.append(C.Row(LOCAL_P99, impl.label, p99, "ms", note=note))
+    ref = medians.get(REDIS_PY)
+    for r in rows:
+        if r.figure == LOCAL_MEDIAN and ref and r.value is not None:
+            r.vs_redis_py = r.value / ref
+    return rows
+
+
+async def _local_samples(afactory: AFactory, aclient: Any, name: str, samples: int,
+                         max_seconds: float, warmup: int = 3) -> Tuple[List[float], int]:
+    rng = random.Random(1)
+    holder, waiter = afactory(aclient, name), afactory(aclient, name)
+
+    async def wait() -> Tuple[bool, float]:
+        ok = bool(await waiter.acquire(10.0))
+        t1 = time.monotonic()
+        if ok:
+            await waiter.release()
+        return ok, t1
+
+    lat: List[float] = []
+    failures = 0
+    started = time.monotonic()
+    attempt = 0
+    while len(lat) < samples and attempt < samples + warmup + 20:
+        if time.monotonic() - started > max_seconds:
+            break
+        if not await holder.acquire(10.0):
+            raise RuntimeError(f"holder could not take {name!r} in 10 s")
+        task = asyncio.ensure_future(wait())
+        await asyncio.sleep(rng.uniform(0.03, 0.13))
+        t0 = time.monotonic()
+        await holder.release()
+        ok, t1 = await task
+        attempt += 1
+        if not ok:
+            failures += 1
+        elif attempt > warmup:
+            lat.append(t1 - t0)
+    return lat, failures
 
 
 # --- asyncio workers, in place of _common's threaded ones -----------------------------------------

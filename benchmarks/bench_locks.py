@@ -214,7 +214,6 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
 def handoff(ctx: Ctx) -> List[C.Row]:
     k = ctx.knobs
     rows: List[C.Row] = []
-    medians: Dict[str, float] = {}
     for impl in impls("distlock", "distlock_fair", "redis_py", "python_redis_lock", "pottery"):
         slow = impl.key in ("redis_py", "pottery")
         samples = k.handoff_slow_samples if slow else k.handoff_samples
@@ -224,7 +223,6 @@ def handoff(ctx: Ctx) -> List[C.Row]:
                                 samples=samples, max_seconds=cap)
         lat_ms = [x * 1000.0 for x in res["latencies"]]
         med, p99 = C.median(lat_ms), C.percentile(lat_ms, 99)
-        medians[impl.label] = med
         note = f"n={len(lat_ms)}{' (capped)' if res['capped'] else ''}"
         if res["failures"]:
             note += f", {res['failures']} acquire timeouts"
@@ -233,13 +231,52 @@ def handoff(ctx: Ctx) -> List[C.Row]:
                           + ("; target <= 0.5 ms: " + ("met" if med <= 0.5 else "MISSED")
                              if impl.key == "distlock" else ""), data=data))
         rows.append(C.Row("handoff p99", impl.label, p99, "ms", note=note))
-    C.add_hint_floor(rows, ctx.client, ctx.url, {"handoff median": 50, "handoff p99": 99},
+    rows += handoff_local(ctx)
+    C.add_hint_floor(rows, ctx.client, ctx.url, {"handoff median": 50, "handoff p99": 99,
+                                                 LOCAL_MEDIAN: 50, LOCAL_P99: 99},
                      samples=k.handoff_samples, max_seconds=k.handoff_max_s)
-    rows.sort(key=lambda r: r.figure != "handoff median")  # medians first, then p99s (stable)
-    _fill_vs_redis_py(rows, lambda r: r.figure == "handoff median", medians)
-    _fill_vs_redis_py(rows, lambda r: r.figure == "handoff p99",
-                      {r.impl: r.value for r in rows if r.figure == "handoff p99"})
+    order = ["handoff median", "handoff p99", LOCAL_MEDIAN, LOCAL_P99]
+    rows.sort(key=lambda r: order.index(r.figure))  # medians first, then p99s (stable)
+    for figure in order:
+        _fill_vs_redis_py(rows, lambda r, f=figure: r.figure == f,  # type: ignore[misc]
+                          {r.impl: r.value for r in rows if r.figure == figure})
+    _note_vs(rows, LOCAL_MEDIAN, "python-redis-lock")
     return rows
+
+
+LOCAL_MEDIAN, LOCAL_P99 = "in-process handoff median", "in-process handoff p99"
+
+
+def handoff_local(ctx: Ctx) -> List[C.Row]:
+    """The hand-off between two threads of one process (``C.handoff_latency_local``): what a
+    lock that hands over within the process saves; a polling peer polls here as well."""
+    k = ctx.knobs
+    rows: List[C.Row] = []
+    for impl in impls("distlock", "distrlock", "redis_py", "python_redis_lock"):
+        slow = impl.key == "redis_py"
+        samples = k.handoff_slow_samples if slow else k.handoff_samples
+        cap = k.handoff_slow_max_s if slow else k.handoff_max_s
+        C.eprint(f"handoff in-process: {impl.label} (up to {samples} samples / {cap:g} s)")
+        res = C.handoff_latency_local(ctx.client, impl.factory, f"bench:handoff-local:{impl.key}",
+                                      samples=samples, max_seconds=cap)
+        lat_ms = [x * 1000.0 for x in res["latencies"]]
+        note = f"n={len(lat_ms)}{' (capped)' if res['capped'] else ''}"
+        if res["failures"]:
+            note += f", {res['failures']} acquire timeouts"
+        data = {"latencies_ms": lat_ms, **{kk: v for kk, v in res.items() if kk != "latencies"}}
+        rows.append(C.Row(LOCAL_MEDIAN, impl.label, C.median(lat_ms), "ms", note=note, data=data))
+        rows.append(C.Row(LOCAL_P99, impl.label, C.percentile(lat_ms, 99), "ms", note=note))
+    return rows
+
+
+def _note_vs(rows: List[C.Row], figure: str, peer: str) -> None:
+    """Add to the notes of distlock's ``figure`` rows their ratio to ``peer``'s in this run."""
+    theirs = next((r.value for r in rows if r.figure == figure and r.impl == peer), None)
+    if not theirs:
+        return
+    for r in rows:
+        if r.figure == figure and r.impl.startswith("Dist") and r.value is not None:
+            r.note = (r.note + "; " if r.note else "") + f"{r.value / theirs:.2f} x {peer}"
 
 
 #: fairness targets of the contended figure (min/mean increments per process); peers: reported

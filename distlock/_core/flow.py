@@ -11,7 +11,10 @@ definition" can follow a flow's I/O from ``acquire`` to the executor that sends 
 - ``Join(channel, bound, ident)``, ``Sleep(waiter, head_bound, limit)``,
   ``Leave(waiter, acquired)``: waiting on a pub/sub channel;
 - ``Slot(enter)``: take (True) or give back (False) one of the slots through which a crowd of
-  woken waiters takes turns.
+  woken waiters takes turns;
+- ``Pick(channel)``, ``Hand(waiter, handed)``: a release that may hand its lock to a waiter
+  of this process finds one, and gives it what the script handed it (no I/O: the board's
+  bookkeeping, under its mutex).
 
 ``Port`` is what a flow may ask of its driver, as a ``Protocol``: a port for threads
 (``_session.session.Session``) does each op with blocking I/O, and ``drive`` runs a flow on
@@ -33,7 +36,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Generator, Optional, Pro
 from .errors import WRONG_KIND, wrong_kind
 
 __all__ = ["Flow", "Port", "APort", "Op", "Run", "Read", "Join", "Sleep", "Leave", "Slot",
-           "drive", "adrive", "start", "Started", "Query"]
+           "Pick", "Hand", "drive", "adrive", "start", "Started", "Query"]
 
 T = TypeVar("T")
 
@@ -60,6 +63,12 @@ class Port(Protocol):
     def slot(self, enter: bool) -> None:
         """Take (True) or give back (False) one of the slots of a woken crowd."""
 
+    def pick(self, channel: str) -> Any:
+        """A waiter on ``channel`` that a release may hand its lock to, or None."""
+
+    def hand(self, waiter: Any, handed: Tuple[int, float]) -> bool:
+        """Give ``waiter`` its hand-off and wake it; False when it has left."""
+
 
 class APort(Protocol):
     """``Port`` for asyncio: the same methods, as coroutines."""
@@ -76,6 +85,10 @@ class APort(Protocol):
     async def leave(self, waiter: Any, acquired: bool) -> bool: ...
 
     async def slot(self, enter: bool) -> None: ...
+
+    async def pick(self, channel: str) -> Any: ...
+
+    async def hand(self, waiter: Any, handed: Tuple[int, float]) -> bool: ...
 
 
 AnyPort = Union[Port, APort]
@@ -179,6 +192,31 @@ class Slot(Op):
 
     def to(self, port: AnyPort) -> Any:
         return port.slot(self.enter)
+
+
+class Pick(Op):
+    """A waiter on ``channel`` that a release may hand its lock to (``Port.pick``)."""
+
+    __slots__ = ("channel",)
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+
+    def to(self, port: AnyPort) -> Any:
+        return port.pick(self.channel)
+
+
+class Hand(Op):
+    """Give ``waiter`` the hold a release handed it, and wake it (``Port.hand``)."""
+
+    __slots__ = ("waiter", "handed")
+
+    def __init__(self, waiter: Any, handed: Tuple[int, float]) -> None:
+        self.waiter = waiter
+        self.handed = handed
+
+    def to(self, port: AnyPort) -> Any:
+        return port.hand(self.waiter, self.handed)
 
 
 #: A flow: yields ops, is sent their replies, returns its result.

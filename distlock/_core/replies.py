@@ -1,8 +1,8 @@
-"""Reply codes"""
+"""Reply codes of the scripts, and the payloads of the hints they publish"""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Set, Tuple
 
 #: release script: the hold was not (or no longer) ours, or its token changed.
 RELEASE_LOST = -1
@@ -129,3 +129,33 @@ def handoff_grant(payload: str) -> Tuple[int, int]:
     """The token and lease (ms) a hand-off message's payload carries."""
     token, _, lease = payload.partition(" ")
     return int(token), int(lease)
+
+
+def wake_idents(data: Any) -> Optional[Set[str]]:
+    """The idents a ``=id1,id2`` hint wakes (each exactly, wherever it is in the queue), or
+    None when the hint is a count (``1``, ``3``, ``*``) instead."""
+    if isinstance(data, str) and data.startswith("="):
+        return set(data[1:].split(","))
+    return None
+
+
+def yield_turns(data: Any) -> int:
+    """A default lock yielded to this process (a ``y<n>`` hint, ``free_hold``): n, how many
+    processes take turns with it; 0 for any other hint."""
+    if isinstance(data, str) and data[:1] == "y":
+        try:
+            return max(1, int(data[1:]))
+        except ValueError:
+            return 0
+    return 0
+
+
+def wake_count(data: Any) -> Optional[int]:
+    """How many local waiters one hint wakes: an integer (a ``y<n>`` hint wakes one), or ``*``
+    for all of them."""
+    if data == "*":
+        return None
+    try:
+        return max(1, int(data))
+    except (TypeError, ValueError):
+        return 1

@@ -83,6 +83,18 @@ class Waiting:
     def timed_out(self) -> Any:
         return False
 
+    def handed(self, waiter: Any) -> bool:
+        """Whether a release of this process handed the lock to this wait (in-process hand-off,
+        ``Board.hand``). Read after the waiter left its queue, it is final: a wait that ended
+        as the hand-off came still has it, and takes it (``claim``), or, ending with an error,
+        gives it back (``give_back``)."""
+        return False
+
+    def give_back(self, waiter: Any) -> Flow[None]:
+        """Give back the lock a release handed to this wait, which ended with an error. A flow."""
+        return
+        yield
+
 
 def wait(session: Any, waiting: Waiting, timeout: Optional[float], *, start: str = FIRST) -> Any:
     """``waiting_flow`` run on a thread's session (blocking)."""
@@ -110,6 +122,7 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
     waiter = None
     granted = hinted_grant = False
     outcome: Any = None
+    error: Optional[BaseException] = None
     try:
         waiter = yield Join(waiting.channel, deadline.remaining(), waiting.ident)
         step: Any = next(steps)
@@ -134,6 +147,7 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
                 outcome = stop.value
                 break
     except BaseException as exc:
+        error = exc
         if not isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
             try:
                 yield from waiting.abandon()
@@ -143,13 +157,42 @@ def waiting_flow(waiting: Waiting, timeout: Optional[float], *, start: str = FIR
             waiting._session.defer(functools.partial(_abandon_later, waiting))
         raise
     finally:
-        granted = granted or (outcome is NAMED and waiting.named_grants)
-        if waiter is not None and (yield Leave(waiter, granted)) and not granted:
-            yield from waiting.unregister()
+        granted = granted or (outcome is NAMED and (
+            waiting.named_grants or (waiter is not None and waiting.handed(waiter))))
+        if waiter is not None:
+            last = yield Leave(waiter, granted)
+            if not granted and outcome is not NAMED and waiting.handed(waiter):
+                # a release of this process handed it the lock as the wait ended
+                if error is None:
+                    outcome, granted = NAMED, True
+                else:
+                    yield from _give_back(waiting, waiter, error)
+            if last and not granted:
+                yield from waiting.unregister()
         _record(waiting.meter, span, outcome, started, hinted_grant)
     if outcome is NAMED:
         return (yield from waiting.claim())
     return result(waiting, outcome)
+
+
+def _give_back(waiting: Waiting, waiter: Any, error: BaseException) -> Flow[None]:
+    """The wait ends with ``error``, and a release of this process had just handed it the
+    lock: give it back, at once, or after a connection error on the session's chores worker
+    (as ``abandon``); what cannot be given back ends with its lease."""
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError)) and waiting._session is not None:
+        waiting._session.defer(functools.partial(_give_back_later, waiting, waiter))
+        return
+    try:
+        yield from waiting.give_back(waiter)
+    except redis.RedisError:
+        pass
+
+
+def _give_back_later(waiting: Waiting, waiter: Any) -> None:
+    try:
+        drive(waiting.give_back(waiter), waiting._session)
+    except redis.RedisError:
+        pass
 
 
 def _record(meter: Any, span: Any, outcome: Any, started: float, hinted_grant: bool) -> None:

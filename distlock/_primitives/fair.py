@@ -64,7 +64,8 @@ def entry_lease_ms(wait_cap: float) -> int:
     return int((2 * wait_cap + 1) * 1000)
 
 
-__all__ = ["FairWaiting", "fair_try", "fair_leave", "fair_release", "first_try", "end_whole_fair"]
+__all__ = ["FairWaiting", "fair_try", "fair_leave", "fair_release", "first_try", "end_whole_fair",
+           "confirm_handed"]
 
 
 
@@ -203,22 +204,29 @@ class FairWaiting(Waiting):
                 session.defer_at(now + min(LENGTHEN_AFTER, lease / 4000), functools.partial(
                     _lengthen, lock, session, hold, ms, now))
             return True
-        sent_at = time.monotonic()
-        try:
-            reply = yield Run("lock_renew", (hold.key, lock._keys.fence),
-                              (hold.owner, hold.token, ms, ms + settings().fence_retention_ms))
-        except BaseException:
-            # the hold may still be ours: it ends with its short lease; this wait reports it
-            session.mark_lost(hold, "its hand-off could not be confirmed")
-            raise
-        if renewal(reply) is RENEWED:
-            hold.lease_ms = ms
-            hold.expires_at = sent_at + ms / 1000.0
-            return True
-        # granted, then lost before it could be used: as any lost hold, reported (on_lost,
-        # owned() False) and release() raises LockLostError
-        session.mark_lost(hold, "it was gone before its hand-off could be confirmed")
+        yield from confirm_handed(lock, session, hold, ms)
         return True
+
+
+def confirm_handed(lock: FairLock, session: Session, hold: Hold, ms: int) -> Flow[None]:
+    """A hold handed over (by a fair release, or in-process by a default lock's) whose local
+    deadline is too near to be believed without cause: one ``lock_renew`` to the lease the
+    waiter asked for. Found gone, it was granted and lost before it could be used: as any lost
+    hold, it is reported (``on_lost``, ``owned()`` False) and ``release()`` raises
+    LockLostError; the acquire still returns True."""
+    sent_at = time.monotonic()
+    try:
+        reply = yield Run("lock_renew", (hold.key, lock._keys.fence),
+                          (hold.owner, hold.token, ms, ms + settings().fence_retention_ms))
+    except BaseException:
+        # the hold may still be ours: it ends with its short lease; this wait reports it
+        session.mark_lost(hold, "its hand-off could not be confirmed")
+        raise
+    if renewal(reply) is RENEWED:
+        hold.lease_ms = ms
+        hold.expires_at = sent_at + ms / 1000.0
+    else:
+        session.mark_lost(hold, "it was gone before its hand-off could be confirmed")
 
 
 def _lengthen(lock: FairLock, session: Session, hold: Hold, ms: int, received_at: float) -> None:

@@ -16,7 +16,7 @@ import redis
 from .._core.checks import check_acquire_args, check_lease, check_name, check_try_lock_timeout
 from .._core.deadlines import lease_ms, registry_lease_ms
 from .._core.errors import LockLostError, QuorumError, WrongKindError
-from .._core.flow import Flow, Read, Run, drive
+from .._core.flow import Flow, Hand, Pick, Read, Run, drive
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import LOST
 from .._core.outcomes import lock_reenter as decode_reenter
@@ -246,17 +246,32 @@ class _LockBase(SessionUser):
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         if self._fair:
             return (yield from fair_release(self, hold, count))
+        keys = self._keys
         args: Tuple[Any, ...] = (hold.owner, hold.token)
         shares = self._shares and settings().barge_limit < math.inf
         keep = False
         now = 0.0
+        # a waiter of this process the release may hand the lock to (lock_release, ARGV[5])
+        taker = None
+        if self._shares and (count == 0 or count >= hold.count) and self._acks() is None \
+                and hold.session.executor.hands_off:
+            taker = yield Pick(keys.waiter_channel(hold.session.id))
         if shares:
             now = time.monotonic()
             keep = hold.session.runs.keeps(hold.key, now)
             args += (count, KEEP if keep else YIELD)
-        elif count != 1:
-            args += (count,)
-        left = int((yield Run("lock_release", (self._keys.lock, self._keys.queue), args)))
+        elif count != 1 or taker is not None:
+            args += (count, "")
+        if taker is None:
+            left = int((yield Run("lock_release", (keys.lock, keys.queue), args)))
+        else:
+            args += taker.taker.handoff_args(len(taker.channel.waiters) > 1)
+            sent_at = time.monotonic()
+            left = int((yield Run("lock_release", (keys.lock, keys.queue, keys.fence,
+                                                   self._fair_keys.deadlines), args)))
+            if left <= -2:  # handed to that waiter: it is woken here, in this process
+                yield from _hand(keys, taker, -1 - left, sent_at)
+                return 0
         if shares and left == 0 and hold.session.runs.released(hold.key, now, keep):
             # in its quantum: nobody was woken; unless this process takes the lock again
             # first, the next waiter is woken soon (_shares)
@@ -470,6 +485,21 @@ class _LockBase(SessionUser):
 
     def _forget(self, hold: Hold) -> None:
         raise NotImplementedError
+
+
+def _hand(keys: Keys, taker: Any, token: int, sent_at: float) -> Flow[None]:
+    """A release handed the lock to ``taker``, a waiter of this process, with ``token``: give
+    it the hold and wake it. If it left its queue meanwhile (it timed out, or was interrupted,
+    as the hold was handed), give the lock back, yielding it to the next waiting process;
+    unless its own try found the hold its own first (a try sent as the release ran) and it
+    left with it."""
+    if (yield Hand(taker, (token, sent_at))) or taker.taker.took == token:
+        return
+    try:
+        yield Run("lock_release", (keys.lock, keys.queue),
+                  (taker.taker.handoff_args(False)[0], token, 0, YIELD))
+    except redis.RedisError:
+        pass  # it ends with its lease
 
 
 def _notify_lost(lock: _LockBase) -> None:

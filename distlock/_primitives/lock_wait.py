@@ -9,21 +9,21 @@ import functools
 import logging
 import math
 import time
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, Tuple
 
 import redis
 
 from .._core.errors import QuorumError
-from .._core.flow import Flow, drive
+from .._core.flow import Flow, Run, drive
 from .._core.keys import Keys
 from .._core.outcomes import Busy, Granted, Outcome
 from .._core.outcomes import lock_acquire as decode_acquire
 from .._core.settings import settings
-from .._core.shares import quantum
+from .._core.shares import YIELD, quantum
 from .._core.wait_policy import HINTED, LAST, WAIT
 from .._session.session import Hold, Session, Waiter
 from .engine import Waiting
-from .fair import FairLock, FairWaiting
+from .fair import FairLock, FairWaiting, confirm_handed
 
 __all__ = ["WaitingLock", "QUORUM_RETRY_MS"]
 
@@ -33,6 +33,8 @@ class WaitingLock(FairLock, Protocol):
     """What a lock's wait and its deferred release work need of the lock."""
 
     _shares: bool
+
+    def _acks(self) -> Any: ...
 
     def _call_acquire(self, session: Session, owner: str, ms: int, count: int, mode: str,
                       waiter: Optional[Waiter] = None) -> Flow[int]: ...
@@ -67,12 +69,31 @@ class _LockWaiting(Waiting):
         self._grant_args = (owner, ms, count, watchdog)
         #: set once a try found fair waiters ahead: the wait goes on as theirs
         self._fair: Optional[FairWaiting] = None
+        self._waiter: Any = None
+        #: the token of the grant its own try got (it may be one a release of this process had
+        #: handed it, which the try found its own: lock_acquire): 0 until then
+        self.took = 0
+        #: a release of this process may hand the lock to this wait (``handoff_args``): a
+        #: default lock on one server, Sentinel or a cluster (not a Redlock quorum, whichever
+        #: way its client was given), whose grants wait for no replica
+        self._takes = lock._shares and lock._acks() is None and session.executor.hands_off
+        self.info = session.info
+
+    def handoff_args(self, others: bool) -> Tuple[Any, ...]:
+        """``lock_release``'s ARGV[5...] that hand the lock to this wait (``others``: other
+        waiters of the process remain)."""
+        owner, ms, count, _ = self._grant_args
+        return (owner, ms, ms + settings().fence_retention_ms, self.info, count, self.channel,
+                "1" if others else "0")
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         if self._fair is not None:
             return (yield from self._fair.attempt(mode, waiter))
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
+        self._waiter = waiter
+        if self._takes and waiter.taker is None:
+            waiter.taker = self
         sent_at = time.monotonic()
         try:
             reply = yield from lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter)
@@ -89,10 +110,13 @@ class _LockWaiting(Waiting):
             # queue, at its back, as a fair wait (docs/guides/locks.rst, "Mixed modes").
             fair = self._fair = FairWaiting(lock, session, owner, ms, count, watchdog)
             self.ident = waiter.ident = fair.ident
+            if self._takes:
+                waiter.taker = None  # a fair wait is handed the lock in its queue's order only
             self.strict = self.named_grants = True
             return (yield from fair.attempt(mode, waiter))
         outcome = decode_acquire(reply)
         if type(outcome) is Granted:
+            self.took = outcome.token  # before it leaves its queue: see ``lock_base._hand``
             lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
             limit = settings().barge_limit
             if lock._shares and limit < math.inf:  # a quantum starts (_shares)
@@ -106,10 +130,35 @@ class _LockWaiting(Waiting):
     def named(self) -> Any:
         return self._fair.named() if self._fair is not None else True
 
+    def handed(self, waiter: Any) -> bool:
+        return self._takes and self._fair is None and waiter.handed is not None
+
     def claim(self) -> Flow[Any]:
         if self._fair is not None:
             return (yield from self._fair.claim())
+        if self._takes and self._waiter is not None and self._waiter.handed is not None:
+            return (yield from self._take_handed(self._waiter))
         return True
+
+    def _take_handed(self, waiter: Any) -> Flow[Any]:
+        """A release of this process handed the lock to this wait (``lock_release``, ARGV[5]):
+        record the hold, believed from that release's send time (the script wrote the lease
+        after it), and confirm it first when that leaves too little (``confirm_handed``).
+        The process' quantum does not start again (``_core.shares``): the lock stayed with it."""
+        lock, session = self._lock, self._session
+        owner, ms, count, watchdog = self._grant_args
+        token, sent_at = waiter.handed
+        hold = lock._grant(session, owner, token, count, watchdog, ms, sent_at)
+        if hold.valid_for() * 1000.0 <= ms / 2:
+            yield from confirm_handed(lock, session, hold, ms)
+        return True
+
+    def give_back(self, waiter: Any) -> Flow[None]:
+        """The wait ended with an error as a release handed it the lock: give that back."""
+        owner = self._grant_args[0]
+        token = waiter.handed[0]
+        keys = self._lock._keys
+        yield Run("lock_release", (keys.lock, keys.queue), (owner, token, 0, YIELD))
 
     def unregister(self) -> Flow[None]:
         return (yield from self._lock._unregister(self.channel))

@@ -417,6 +417,12 @@ class AsyncPort:
     async def slot(self, enter: bool) -> None:
         """Nothing to take: ``run``'s gate already bounds the connections of a woken crowd."""
 
+    async def pick(self, channel: str) -> Any:
+        return self.dispatcher.pick(channel)
+
+    async def hand(self, waiter: Any, handed: Tuple[int, float]) -> bool:
+        return self.dispatcher.hand(waiter, handed)
+
     @property
     def live(self) -> bool:
         return not self.session.closed

@@ -194,6 +194,11 @@ class AsyncClusterPort(AsyncPort):
                 await self._refresh()
             else:  # LOAD
                 await self._on_node(what, self._pack(("SCRIPT", "LOAD", script.script)), False)
+                # and from now on the body itself, which a SCRIPT FLUSH cannot make answer
+                # NOSCRIPT again (as the blocking executor)
+                packed = self._pack(("EVAL", script.script, len(keys), *keys, *args))
+                if then is not None:
+                    packed = [packed[0] + self._pack(then)[0]]
             kind, what = next(plan)
 
     async def _on_node(self, node: Any, packed: Any, asking: bool, pair: bool = False) -> Any:

@@ -66,6 +66,9 @@ NOSCRIPT_TRIES = 3
 class Executor:
     """Runs scripts and commands on one standalone server (or Sentinel's current master)."""
 
+    #: a release may hand a default lock to a waiter of its own process (``lock_release``)
+    hands_off = True
+
     def __init__(self, client: Any, real: Any = None) -> None:
         """``client``: what to talk through (perhaps a weak proxy of the user's client);
         ``real``: the client itself, when ``client`` is a proxy of it."""

@@ -149,6 +149,9 @@ class ClusterExecutor(Executor):
                 self.refresh()
             else:  # LOAD
                 self.node_client(what).script_load(script.script)
+                # and from now on the body itself: a SCRIPT FLUSH between the load and the
+                # next send cannot make that one answer NOSCRIPT again
+                command = ("EVAL", script.script, len(keys), *keys, *args)
             kind, what = next(plan)
 
     def read(self, *command: Any) -> Any:
@@ -291,8 +294,9 @@ class ClusterBatch(Batch):
                 node = self._executor.master(self._entries[i][0])
                 groups.setdefault(node.name, (node, []))[1].append(i)
             todo = []
+            last = round_ == _BATCH_ROUNDS - 1
             for node, indexes in groups.values():
-                for i, reply in zip(indexes, self._send(node, indexes)):
+                for i, reply in zip(indexes, self._send(node, indexes, last)):
                     replies[i] = reply
                     if isinstance(reply, MovedError):
                         self._executor.moved(reply)
@@ -308,23 +312,27 @@ class ClusterBatch(Batch):
                     raise reply
         return replies
 
-    def _send(self, node: Any, indexes: List[int]) -> List[Any]:
+    def _send(self, node: Any, indexes: List[int], bodies: bool = False) -> List[Any]:
         """One pipeline to ``node``: scripts as bare EVALSHA, with no SCRIPT EXISTS round trip
         first. A script not known to be loaded on that node goes first in the same pipeline as
         SCRIPT LOAD (Redis runs a pipeline in order), so a node that never ran it (a new node, a
         promoted replica: the script cache is not replicated) costs no round trip more. An
         entry answered NOSCRIPT anyway (SCRIPT FLUSH) goes again in the next round, which loads
-        it. A connection failure is every entry's reply."""
+        it; the last round (``bodies``) sends each script's body (EVAL), which cannot answer
+        NOSCRIPT however often the scripts are flushed. A connection failure is every entry's
+        reply."""
         client = self._client_for(node)
         pipe = client.pipeline(transaction=False)
         scripts = self._executor.scripts
         loaded = self._executor.loaded.setdefault(node.name, set())
-        loads = sorted({self._entries[i][1] for i in indexes} - loaded - {""})
+        loads = [] if bodies else sorted({self._entries[i][1] for i in indexes} - loaded - {""})
         for name in loads:
             pipe.execute_command("SCRIPT", "LOAD", scripts[name].script)
         for i in indexes:
             _, name, keys, args = self._entries[i]
-            if name:
+            if name and bodies:
+                pipe.execute_command("EVAL", scripts[name].script, len(keys), *keys, *args)
+            elif name:
                 pipe.execute_command("EVALSHA", scripts[name].sha, len(keys), *keys, *args)
             else:
                 pipe.execute_command(*args)

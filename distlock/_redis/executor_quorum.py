@@ -98,6 +98,9 @@ _REFUSED = -1
 class QuorumExecutor(FanOut, Executor):
     """Runs the lock's scripts on a quorum of independent masters (see the module's docstring)."""
 
+    #: no in-process hand-off: each master would have to hand over, as a grant of the quorum
+    hands_off = False
+
     def __init__(self, client: Any, real: Any = None) -> None:
         group = client if real is None else real
         self.masters = [Master(i, c) for i, c in enumerate(group.masters)]

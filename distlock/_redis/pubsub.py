@@ -22,11 +22,11 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Callable, Deque, Dict, List, Optional, Set
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import redis
 
-from .._core.replies import handoff
+from .._core.replies import handoff, wake_count, wake_idents, yield_turns
 from .._core.settings import settings
 
 __all__ = ["Board", "Dispatcher", "Waiter", "wake_count", "wake_idents", "UNSUBSCRIBE_AFTER"]
@@ -53,7 +53,7 @@ class Waiter:
     ``+<ident> <payload>`` (a fair lock's hand-off) names exactly one and hands it ``payload``.
     """
 
-    __slots__ = ("event", "channel", "ident", "named", "hinted", "payload")
+    __slots__ = ("event", "channel", "ident", "named", "hinted", "payload", "taker", "handed")
 
     def __init__(self, channel: Channel, ident: Optional[str] = None,
                  event: Callable[[], Any] = threading.Event) -> None:
@@ -67,6 +67,10 @@ class Waiter:
         #: what a hint that named this waiter alone carried (a fair lock's hand-off: the token
         #: and lease of the hold it was given; see ``_core.replies.handoff``)
         self.payload: Optional[str] = None
+        #: a default lock's wait, which a release of this process may hand the lock to
+        #: (``_primitives.lock_wait``), and what it was handed (``hand``: token, send time)
+        self.taker: Any = None
+        self.handed: Optional[Tuple[int, float]] = None
 
 
 class Channel:
@@ -149,6 +153,33 @@ class Board:
             if chan.refs == 0:
                 chan.idle_since = time.monotonic()
             return not chan.waiters
+
+    def pick(self, channel_name: str) -> Optional[Waiter]:
+        """The first waiter on ``channel_name`` a release may hand its lock to (it has a
+        ``taker``, and nothing handed yet), or None. No mutex on a release's usual path."""
+        chan = self.channels.get(channel_name)
+        if chan is None or not chan.waiters:
+            return None
+        with self.mutex:
+            chan = self.channels.get(channel_name)
+            if chan is not None:
+                for waiter in chan.waiters:
+                    if waiter.taker is not None and waiter.handed is None:
+                        return waiter
+        return None
+
+    def hand(self, waiter: Waiter, handed: Tuple[int, float]) -> bool:
+        """Give ``waiter`` the lock a release of this process handed it, and wake it; False when
+        it has left its queue (the releaser then gives the lock back). Under the mutex, as
+        ``leave``: a waiter gets it before it leaves (and sees it as it leaves), or not at all."""
+        with self.mutex:
+            if waiter not in waiter.channel.waiters:
+                return False
+            waiter.handed = handed
+            waiter.named = True
+            waiter.hinted = True
+            waiter.event.set()
+            return True
 
     @staticmethod
     def _bound(waiter: Waiter, head_bound: float, limit: Optional[float]) -> float:
@@ -487,33 +518,3 @@ def _close_quietly(pubsub: Any) -> None:
         pubsub.close()
     except Exception:  # noqa: BLE001 - closing a connection that may already be broken
         pass
-
-
-def wake_idents(data: Any) -> Optional[Set[str]]:
-    """The idents a ``=id1,id2`` hint wakes (each exactly, wherever it is in the queue), or
-    None when the hint is a count (``1``, ``3``, ``*``) instead."""
-    if isinstance(data, str) and data.startswith("="):
-        return set(data[1:].split(","))
-    return None
-
-
-def yield_turns(data: Any) -> int:
-    """A default lock yielded to this process (a ``y<n>`` hint, ``free_hold``): n, how many
-    processes take turns with it; 0 for any other hint."""
-    if isinstance(data, str) and data[:1] == "y":
-        try:
-            return max(1, int(data[1:]))
-        except ValueError:
-            return 0
-    return 0
-
-
-def wake_count(data: Any) -> Optional[int]:
-    """How many local waiters one hint wakes: an integer (a ``y<n>`` hint wakes one), or ``*``
-    for all of them."""
-    if data == "*":
-        return None
-    try:
-        return max(1, int(data))
-    except (TypeError, ValueError):
-        return 1

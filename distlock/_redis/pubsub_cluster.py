@@ -66,6 +66,18 @@ class Routed:
     def ident(self, value: Optional[str]) -> None:  # a plain lock's wait joining a fair queue
         self.inner.ident = value
 
+    @property
+    def taker(self) -> Any:
+        return self.inner.taker
+
+    @taker.setter
+    def taker(self, value: Any) -> None:
+        self.inner.taker = value
+
+    @property
+    def handed(self) -> Any:
+        return self.inner.handed
+
 
 class Router:
     """Node dispatchers by node name, and the routing rules both shells share."""
@@ -96,6 +108,14 @@ class Router:
 
     def leave(self, routed: Routed, acquired: bool) -> bool:
         return routed.board.leave(routed.inner, acquired)  # type: ignore[no-any-return]
+
+    def pick(self, channel: str) -> Optional[Routed]:
+        board = self._board(channel)
+        inner = board.pick(channel)
+        return None if inner is None else Routed(board, inner)
+
+    def hand(self, routed: Routed, handed: Any) -> bool:
+        return routed.board.hand(routed.inner, handed)  # type: ignore[no-any-return]
 
     def _all(self) -> List[Any]:
         with self._lock:

@@ -220,6 +220,12 @@ class Session:
         else:
             self.retry_slots.release()
 
+    def pick(self, channel_name: str) -> Any:
+        return self.dispatcher.pick(channel_name)
+
+    def hand(self, waiter: Any, handed: Tuple[int, float]) -> bool:
+        return self.dispatcher.hand(waiter, handed)
+
     def wake_all_waiters(self) -> None:
         self.dispatcher.wake_all()
 

@@ -647,6 +647,68 @@ def test_6_a_flush_after_a_batchs_load_still_runs(client: Any, monkeypatch: Any,
     assert batch.acked == ([0, 0] if wait else None)
 
 
+def _flush_masters(cluster: Any) -> None:
+    for host, port in cluster.masters():
+        node = redis.Redis(host=host, port=port)
+        try:
+            node.script_flush()
+        finally:
+            node.close()
+
+
+@pytest.mark.real_redis
+def test_6_a_flush_after_every_load_still_runs_on_the_cluster(cluster: Any, cluster_client: Any,
+                                                              monkeypatch: Any) -> None:
+    """The cluster executor's NOSCRIPT path: after it loads a script on a node, it sends the
+    body (EVAL), so a SCRIPT FLUSH that follows every load cannot make the send answer
+    NOSCRIPT again (it ended on EVALSHA, and NoScriptError reached the caller)."""
+    loads: List[int] = []
+    real_load = redis.Redis.script_load
+
+    def load_then_flush(self: Any, body: Any) -> Any:
+        sha = real_load(self, body)
+        loads.append(1)
+        self.script_flush()
+        return sha
+
+    monkeypatch.setattr(redis.Redis, "script_load", load_then_flush)
+    lock = distlock.DistLock("s6-always-cluster", client=cluster_client)
+    _flush_masters(cluster)
+    session_for(cluster_client).executor.loaded.clear()
+    assert lock.acquire(blocking=False)
+    _flush_masters(cluster)
+    lock.release()
+    assert loads and not lock.locked()
+
+
+@pytest.mark.real_redis
+def test_6_a_cluster_batch_flushed_before_every_round_still_runs(cluster: Any, cluster_client: Any,
+                                                                 monkeypatch: Any) -> None:
+    """The watchdog's renewals on a cluster go in one pipeline per node; an entry that answered
+    NOSCRIPT goes again in the next round. With the scripts flushed before every round (and
+    believed loaded, so that no SCRIPT LOAD goes first), only the last round's bodies (EVAL)
+    get through: an EVALSHA there failed the renewal for good under a flush every 10 ms (seen
+    as a failed test_6_script_flush_mid_run on the cluster)."""
+    from distlock._redis import executor_cluster
+    from distlock._redis.scripts import script_names
+
+    executor = session_for(cluster_client).executor
+    real_send = executor_cluster.ClusterBatch._send
+    rounds: List[bool] = []
+
+    def flush_then_send(self: Any, node: Any, indexes: Any, bodies: bool = False) -> Any:
+        _flush_masters(cluster)
+        executor.loaded.setdefault(node.name, set()).update(script_names())
+        rounds.append(bodies)
+        return real_send(self, node, indexes, bodies)
+
+    monkeypatch.setattr(executor_cluster.ClusterBatch, "_send", flush_then_send)
+    batch = executor.renewal_batch()
+    batch.script("bar_info", ("s6c:{t}:a", "s6c:{t}:b", "s6c:{t}:c", "s6c:{t}:d"), (1000,))
+    assert batch.execute() == [[0, 0]]
+    assert rounds[-1] is True and rounds.count(False) >= 1
+
+
 # --- 7. maxmemory reached under noeviction -----------------------------------------------------
 
 def _fill_until_out_of_memory(full: redis.Redis, tag: str) -> None:

@@ -207,9 +207,12 @@ def _lock_belief(lock: Any, rival: Any) -> Callable[[], Tuple[bool, Callable[[],
     return lambda: (bool(lock.owned()), rival_try)
 
 
-def _waiter(env: Env, cls: str, name: str, **kwargs: Any) -> Tuple[threading.Thread, List[Any]]:
-    """A rival waiting for lock ``name`` in a thread of its own; releases it once it got it."""
-    rival = env.rival(cls, name, **kwargs)
+def _waiter(env: Env, cls: str, name: str, local: bool = False,
+            **kwargs: Any) -> Tuple[threading.Thread, List[Any]]:
+    """A rival waiting for lock ``name`` in a thread of its own; releases it once it got it.
+    ``local``: on the run's own client (its session, its asyncio port), so that a release
+    hands the lock to it in the process (lock_release's in-process hand-off)."""
+    rival = (env.make if local else env.rival)(cls, name, **kwargs)
     outcome: List[Any] = []
 
     def wait() -> None:
@@ -232,13 +235,13 @@ def _release_all(lock: Any) -> None:
         lock.release()
 
 
-def lock_scenario(cls: str, depth: int, **kwargs: Any) -> Callable[[Run], None]:
+def lock_scenario(cls: str, depth: int, local: bool = False, **kwargs: Any) -> Callable[[Run], None]:
     def scenario(run: Run) -> None:
         env, name = run.env, run.name
         lock = env.make(cls, name, **kwargs)
         env.arm(lock, run.points)
         run.believes(_lock_belief(lock, env.rival(cls, name, **kwargs)))
-        thread, outcome = _waiter(env, cls, name, **kwargs)
+        thread, outcome = _waiter(env, cls, name, local, **kwargs)
         started = False
         try:
             for level in range(depth):
@@ -370,6 +373,9 @@ def _broken_is_an_outcome(fn: Callable[..., Any], *args: Any) -> Any:
 SCENARIOS: Dict[str, Callable[[Run], None]] = {
     "DistLock": lock_scenario("DistLock", 1),
     "DistRLock": lock_scenario("DistRLock", 2),
+    # the waiter in the run's own process and session: the release hands the lock to it
+    "DistLock.local": lock_scenario("DistLock", 1, local=True),
+    "DistRLock.local": lock_scenario("DistRLock", 2, local=True),
     "DistLock.fair": lock_scenario("DistLock", 1, fair=True),
     "DistRLock.fair": lock_scenario("DistRLock", 2, fair=True),
     "DistReadWriteLock": rw_scenario,

@@ -61,7 +61,8 @@ def test_bench_asyncio_quick_prints_every_figure() -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    for figure in ("floor", "uncontended acquire+release", "handoff median", "contended ops/s",
+    for figure in ("floor", "uncontended acquire+release", "handoff median",
+                   "in-process handoff median", "contended ops/s",
                    "contended lost updates", "waiting 20 tasks: connections",
                    "waiting 20 tasks: commands/s"):
         assert figure in out, out

@@ -26,7 +26,9 @@
 -- ARGV[7]  modes 'w'/'p' only: the waiter's process channel, to register when the try fails
 -- ARGV[8]  modes 'w'/'p' only: registry entry lease, ms
 -- ARGV[9]  modes 'w'/'p' only: '1' when other threads of the process still wait after a grant
--- return   token (> 0) when granted or re-entered;
+-- return   token (> 0) when granted or re-entered; in modes 'w'/'p' also when the hold is the
+--          caller's already (handed to it by a release of its process whose reply was lost:
+--          lock_release, ARGV[5]), its lease then lengthened to ARGV[2];
 --          0 when the re-entered hold is gone or is someone else's (the caller's lease is lost);
 --          -(pttl + 1) (<= -1) when someone else holds it, pttl its remaining lease in ms
 --          (0 when unknown); the hold is then flagged so that its release wakes a waiter;
@@ -73,7 +75,21 @@ if present > 0 then
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
     if mode == 'w' or mode == 'p' then
-      local h = redis.call('hmget', KEYS[1], ':t', ':r', ':s')
+      local h = redis.call('hmget', KEYS[1], ':t', ':r', ':s', ARGV[1])
+      if h[1] and h[4] then
+        -- the lock was handed to this waiter (lock_release, in-process hand-off) and it was
+        -- not told (the release's reply was lost): it is its own, with the lease it asks for
+        if pttl < tonumber(ARGV[2]) then
+          lengthen_hold(KEYS[1], KEYS[2], pttl, tonumber(ARGV[2]), ARGV[3])
+        end
+        if ARGV[9] == '1' then
+          local since = register_waiter(KEYS[3], ARGV[7], tonumber(ARGV[8]))
+          redis.call('hset', KEYS[1], ':w', 1, ':s', since)
+        else
+          redis.call('zrem', KEYS[3], ARGV[7])
+        end
+        return tonumber(h[1])
+      end
       if h[1] or h[2] ~= ARGV[7] then
         -- held, or kept for another process
         if mode == 'w' then
