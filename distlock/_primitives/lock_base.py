@@ -496,8 +496,7 @@ def _hand(keys: Keys, taker: Any, token: int, sent_at: float) -> Flow[None]:
     if (yield Hand(taker, (token, sent_at))) or taker.taker.took == token:
         return
     try:
-        yield Run("lock_release", (keys.lock, keys.queue),
-                  (taker.taker.handoff_args(False)[0], token, 0, YIELD))
+        yield from taker.taker.give_back_token(token)
     except redis.RedisError:
         pass  # it ends with its lease
 

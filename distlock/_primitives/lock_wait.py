@@ -155,10 +155,13 @@ class _LockWaiting(Waiting):
 
     def give_back(self, waiter: Any) -> Flow[None]:
         """The wait ended with an error as a release handed it the lock: give that back."""
-        owner = self._grant_args[0]
-        token = waiter.handed[0]
+        yield from self.give_back_token(waiter.handed[0])
+
+    def give_back_token(self, token: int) -> Flow[None]:
+        """Give back the hold with ``token`` that a release handed this wait, yielding it to
+        the next waiting process (also ``lock_base._hand``, when the wait had left)."""
         keys = self._lock._keys
-        yield Run("lock_release", (keys.lock, keys.queue), (owner, token, 0, YIELD))
+        yield Run("lock_release", (keys.lock, keys.queue), (self._grant_args[0], token, 0, YIELD))
 
     def unregister(self) -> Flow[None]:
         return (yield from self._lock._unregister(self.channel))
