@@ -242,6 +242,9 @@ class Executor:
             return
         conn = taker(pool)()
         pool.release(conn)
+        current = self._renewer
+        if current is None or current[1] is not client:
+            disconnect_quietly(client)  # dropped while it connected: it must not stay open
 
     def renewal_reset(self) -> bool:
         """True when the server closed an idle connection of the watchdog's own since this was

@@ -174,7 +174,8 @@ class Session:
                 notify(listener)
 
     def busy(self) -> bool:
-        return bool(self.holds) or self.dispatcher.busy()
+        """True while holds, waiters, or clean-ups and renewal I/O in flight need the session."""
+        return bool(self.holds) or self.dispatcher.busy() or self.watchdog.working()
 
     def serves(self, client: Any) -> bool:
         """False for a session of a user's client that is gone, when ``client`` is a new one
@@ -398,25 +399,33 @@ def _schedule_retire(session: Session) -> None:
 def _reap() -> None:
     while True:
         time.sleep(RETIRE_AFTER)
+        later = []
         while _pending:
-            _retire_if_idle(_pending.popleft())
+            session = _pending.popleft()
+            if _retire_if_idle(session):
+                later.append(session)
+        _pending.extend(later)
         _reaping[0] = False
         if not _pending:
             return
         _reaping[0] = True  # scheduled meanwhile, and saw a reaper still on its way
 
 
-def _retire_if_idle(session: Session) -> None:
+def _retire_if_idle(session: Session) -> bool:
     """Retire ``session`` unless a user client or a hold or waiter still needs it; a session
-    with holds is retired after its last hold is dropped."""
+    with holds is retired after its last hold is dropped. True: look again later (only work
+    in flight kept it: its clean-ups, a waiter leaving)."""
     with _sessions_lock:
-        if session.users or session.busy():
-            return
+        if session.closed or session.users or session.holds:
+            return False
+        if session.busy():
+            return True
         if _sessions.get(session.key) is session:
             del _sessions[session.key]
         # else a new session took its place (a new client with the old one's id()): this one
         # is retired all the same
     session.close(join=False)
+    return False
 
 
 def all_sessions() -> Iterable[Session]:

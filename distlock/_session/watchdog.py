@@ -100,10 +100,27 @@ class Watchdog:
             self.renewals.submit(self._open_renewal)
 
     def _open_renewal(self) -> None:
+        if self.closed or not self._renewal_open:
+            return  # dropped before this job ran (the thread went idle, or the session closed)
         try:
             self._executor().open_renewal()
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
             log.debug("distlock: could not open the watchdog's connection: %r", exc)
+        self._drop_if_stale()
+
+    def _drop_if_stale(self) -> None:
+        """After I/O on the renewals worker that may have made the watchdog's connection: close
+        it if it was dropped meanwhile (the thread exited idle, or the session was retired while
+        the connection was being opened), so that no connection outlives its watchdog."""
+        with self.mutex:
+            if self.closed or not self._renewal_open:
+                self._drop_renewer()
+
+    def working(self) -> bool:
+        """True while clean-ups or renewal I/O are queued or running: retiring the session now
+        would drop them (or let them open a connection after its close)."""
+        return (bool(self._deferred or self._abandoned or self._timed)
+                or self.renewals.busy or self.chores.busy)
 
     def drop(self, hold: Hold) -> bool:
         """Forget ``hold``; return True when no hold is left."""
@@ -278,6 +295,8 @@ class Watchdog:
             self._round_ended = (time.monotonic(), result)
             self._round_busy = False
             self._kick.set()
+            if self.closed:
+                self._drop_if_stale()
 
     def _expire_due(self) -> None:
         """End belief in every hold whose local deadline has passed (no I/O): ``on_lost``

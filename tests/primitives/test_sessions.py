@@ -52,8 +52,11 @@ def test_per_request_clients_of_their_own_session_leave_nothing(url: str, client
     # connection of the server blamed this test for another test's connection closing late.
     name = f"own-session-{kind}"
 
+    def ours() -> List[Dict[str, Any]]:
+        return [c for c in client.client_list() if c.get("name") == name]
+
     def connections() -> int:
-        return sum(1 for c in client.client_list() if c.get("name") == name)
+        return len(ours())
 
     made: List[Any] = []  # weak references to the sessions this test's clients got
     for i in range(100):
@@ -82,7 +85,8 @@ def test_per_request_clients_of_their_own_session_leave_nothing(url: str, client
 
     assert settle(clean, 10.0), (
         f"left behind: {len(left())} sessions, threads "
-        f"{set(_helper_threads()) - before_threads}, {connections()} connections")
+        f"{set(_helper_threads()) - before_threads}, {connections()} connections: "
+        f"{[(c.get('cmd'), c.get('age'), c.get('idle')) for c in ours()]}")
 
 
 @pytest.mark.real_redis
