@@ -33,7 +33,7 @@ from _aio_workers import Mailbox, make_async
 from faults import FaultProxy, FencedResource
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from test_faults import FAST, RETRIES, SLACK, SOCKET_TIMEOUT, B, lease_left_ms, numsub, pubsub_clients
+from test_faults import FAST, RETRIES, SLACK, SOCKET_TIMEOUT, TAKER, B, lease_left_ms, numsub, pubsub_clients
 from test_faults_sem_event_barrier import permit_left_ms
 
 import distlock
@@ -212,7 +212,9 @@ def test_2_sigstopped_async_holder_past_lease_then_sigcont(
     """The stopped holder's lock goes to an asyncio waiter; once continued, the holder's
     ``on_lost`` runs in its own loop (found by its watchdog, or by its release), its release
     raises LockLostError, its stale write is refused, and the new hold is untouched."""
-    distlock.configure(**FAST)
+    # The holder runs on FAST; the taker's lease is longer, so that a loaded machine's late
+    # renewal cannot end its belief while the checks below run (they read that belief).
+    distlock.configure(**TAKER)
     name = _unique(f"as2-{kind}")
     holder = Mailbox(children.start(_aio_workers.async_holder, url, kind, name, lease, FAST))
     _, old, _at, pid, ok = holder.take("acquired", 60)

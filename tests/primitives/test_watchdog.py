@@ -7,21 +7,30 @@ end the thread for good, leaving every hold unrenewed and none of them reported 
 
 from __future__ import annotations
 
-import time
 from typing import Any, List
 
 import pytest
+from _support import renewals_seen, until
 
 import distlock
 from distlock import DistLock, DistRLock
 from distlock._session.watchdog import Watchdog
+
+#: Leases long enough that a loaded machine's late renewal is not taken for a missing one: the
+#: tests wait for renewals to reach the server (``renewed``), they judge no timing.
+LEASE = {"lease": 3.0, "renew_interval": 0.2}
+
+
+def renewed(client: Any, key: str, count: int = 2) -> None:
+    """Wait until ``count`` renewals of ``key`` reached the server."""
+    renewals_seen(lambda: client.pttl(key), count, what=key)
 
 
 @pytest.mark.real_redis
 @pytest.mark.parametrize("cls", [DistLock, DistRLock])
 def test_an_error_in_the_idle_check_does_not_stop_the_renewals(
         client: Any, cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    distlock.configure(lease=1.0, renew_interval=0.2)
+    distlock.configure(**LEASE)
     lock = cls("wd-loop", client=client)
     lost: List[Any] = []
     lock.on_lost(lost.append)
@@ -36,8 +45,8 @@ def test_an_error_in_the_idle_check_does_not_stop_the_renewals(
 
     monkeypatch.setattr(Watchdog, "_idle_locked", flaky)
     with lock:
-        time.sleep(2.5)  # two and a half leases: only renewals keep it
-        assert failures[0] == 0
+        until(lambda: failures[0] == 0, 30.0, "three failed idle checks")
+        renewed(client, "distlock:{wd-loop}")  # after the failures: only renewals keep it
         assert lock.owned() and not lost
         assert client.exists("distlock:{wd-loop}")
         assert lock._session().watchdog.running
@@ -46,7 +55,7 @@ def test_an_error_in_the_idle_check_does_not_stop_the_renewals(
 @pytest.mark.real_redis
 def test_a_deferred_task_that_raises_anything_does_not_stop_the_watchdog(
         client: Any) -> None:
-    distlock.configure(lease=1.0, renew_interval=0.2)
+    distlock.configure(**LEASE)
     lock = DistLock("wd-deferred", client=client)
     with lock:
         session = lock._session()
@@ -55,7 +64,7 @@ def test_a_deferred_task_that_raises_anything_does_not_stop_the_watchdog(
             raise SystemExit("a task that raises what no 'except Exception' catches")
 
         session.defer(bad)
-        time.sleep(2.5)
+        renewed(client, "distlock:{wd-deferred}")
         assert lock.owned()
         assert client.exists("distlock:{wd-deferred}")
         assert session.watchdog.running
@@ -65,14 +74,15 @@ def test_a_deferred_task_that_raises_anything_does_not_stop_the_watchdog(
 def test_configure_shortening_the_lease_applies_to_a_running_watchdog(client: Any) -> None:
     """The watchdog reads the renew interval afresh: a hold taken after configure() shortened
     the lease is renewed in time, even though the thread last slept on the old interval."""
-    distlock.configure(lease=30.0, renew_interval=10.0)
+    distlock.configure(lease=120.0, renew_interval=60.0)
     warm = DistLock("wd-warm", client=client)
-    with warm:  # the watchdog thread is running, on the 10 s interval
-        distlock.configure(lease=1.0, renew_interval=0.2)
+    with warm:  # the watchdog thread is running, on the 60 s interval
+        distlock.configure(**LEASE)
         lock = DistLock("wd-short", client=client)
         lost: List[Any] = []
         lock.on_lost(lost.append)
         with lock:
-            time.sleep(2.5)  # two and a half of the new leases: only renewals keep it
+            # On the old interval the first renewal would come after the new lease ran out.
+            renewed(client, "distlock:{wd-short}")
             assert lock.owned() and not lost
         assert not lost

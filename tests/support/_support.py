@@ -67,6 +67,22 @@ def until(check: Callable[[], Any], bound: float = BOUND, what: str = "condition
         time.sleep(0.02)
 
 
+def renewals_seen(left_ms: Callable[[], int], count: int = 2, bound: float = 30.0,
+                  what: str = "hold") -> None:
+    """Wait until ``count`` renewals of a hold reached the server: each makes its remaining
+    lease (``left_ms()``, a PTTL) larger than at the read before. Only a hang fails it: no
+    timing is judged, so a loaded machine's late renewal is not taken for a missing one."""
+    deadline = time.monotonic() + bound
+    last, seen = left_ms(), 0
+    while seen < count:
+        assert time.monotonic() < deadline, f"{count} renewals of {what} not seen within {bound} s"
+        time.sleep(0.02)
+        now = left_ms()
+        assert now >= 0, f"{what} is gone from the server (PTTL {now})"
+        seen += now > last
+        last = now
+
+
 _other_names = itertools.count(1)
 
 
