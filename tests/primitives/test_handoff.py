@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -344,3 +345,75 @@ def test_hand_offs_within_a_process_keep_its_quantum(url: str, client: Any, chil
         stop.set()
         for t in threads:
             t.join(30)
+
+
+# --- rolling upgrades -------------------------------------------------------------------------
+
+def _previous(name: str) -> str:
+    """The assembled script ``name`` of the previous release (tests/compat)."""
+    return (Path(__file__).parent.parent / "compat" / f"prev_{name}.lua").read_text(encoding="utf-8")
+
+
+def test_a_process_of_the_previous_release_never_gets_a_hold_it_does_not_believe(client: Any) -> None:
+    """A rolling upgrade. A hand-off goes only to a thread of the releasing process, which runs
+    this release by construction: a process still running the previous release (b49bc5c,
+    tests/compat) is never handed anything. What it sees is a lock taken by this release's
+    waiter: its try is refused while that waiter believes it holds the lock, and granted once
+    that hold is given back. Its waiting entry counts as another process, so it keeps
+    this release from handing over outside a quantum. Both ways, Redis's owner is the one
+    caller that believes it holds the lock."""
+    acquire, release = _previous("lock_acquire"), _previous("lock_release")
+    holder = DistLock("mixed", client=client, lease=60)
+    keys = (holder._keys.lock, holder._keys.fence, holder._keys.queue)
+    old_channel = holder._keys.waiter_channel("previous-release")
+
+    def old_try() -> int:  # a queued waiter's try, as the previous release sends it
+        return int(client.eval(acquire, 3, *keys, "old:1", 30000, "h:old", "w", "1", old_channel, 30000))
+
+    def owners() -> List[bytes]:
+        return [k for k in client.hkeys(keys[0]) if not k.startswith(b":")]
+
+    assert holder.acquire()
+    first = holder.token
+    assert old_try() < 0  # refused, and now registered as a waiting process
+    got: List[Any] = []
+    done = threading.Event()
+
+    def waiter() -> None:
+        lock = DistLock("mixed", client=client, lease=60)
+        got.append(lock.acquire(timeout=30))
+        got.append((lock.token, lock.owned(), lock._current(lock._session()).owner))
+        done.wait(30)
+        if lock.owned():
+            lock.release()
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    try:
+        _queued(client, "mixed")
+        holder.release()  # another process is registered: no hand-over outside a quantum
+        token = old_try()
+        if token > 0:
+            # the previous release's process got it: this release's waiter must not believe
+            assert owners() == [b"old:1"] and not got
+            assert int(client.eval(release, 2, keys[0], keys[2], "old:1", token)) == 0
+        deadline = time.monotonic() + 30
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert got and got[0] is True, "this release's waiter never got the lock"
+        new_token, owned, owner = got[1]
+        assert owned and new_token > max(token, first)
+        assert owners() == [owner.encode()]  # the one that believes is Redis's owner
+        assert old_try() < 0  # refused while it believes
+    finally:
+        done.set()
+        thread.join(30)
+    # Given back. The release may first keep the lock for the next waiting process (the yield
+    # rule's short reservation), which the previous release reads as held: its next try
+    # after the reservation ends gets it.
+    deadline = time.monotonic() + 20
+    while (token := old_try()) < 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert token > new_token and owners() == [b"old:1"]
+    assert int(client.eval(release, 2, keys[0], keys[2], "old:1", token)) == 0
+    client.delete(keys[2])
