@@ -205,6 +205,13 @@ def _has_sharded_pubsub(client: Any) -> bool:
         info = client.execute_command("INFO", "server", target_nodes=client.get_default_node())
     except redis.RedisError:
         return True  # unreachable now: assume a current server; the scripts say otherwise if not
+    except AttributeError as exc:
+        # redis-py 8.1 records a metric of a connection error whose ``connection`` is None
+        # (RedisCluster._record_error_metric) and fails doing so: the error it was handling is
+        # the one that happened
+        if isinstance(exc.__context__, redis.RedisError):
+            return True
+        raise
     if isinstance(info, dict) and len(info) == 1 and isinstance(next(iter(info.values())), dict):
         info = next(iter(info.values()))
     version = str(info.get("redis_version", "7.0.0")) if isinstance(info, dict) else "7.0.0"

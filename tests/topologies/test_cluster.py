@@ -118,6 +118,32 @@ def test_the_client_gets_the_cluster_executor_and_dispatcher(cluster_client: Any
         assert session.executor.sharded  # Redis 7.0+ and Valkey: SPUBLISH
 
 
+def test_the_sharded_probe_reads_redis_pys_failing_error_path_as_unreachable() -> None:
+    """redis-py 8.1 fails while it records the metric of a connection error that carries no
+    connection (``AttributeError: 'NoneType' object has no attribute 'host'``), hiding that
+    error: the probe reads it as the connection error it was. Any other AttributeError is
+    distlock's own bug and is raised."""
+    from distlock._redis.executor_cluster import _has_sharded_pubsub
+
+    class Failing:
+        def __init__(self, cause: Any) -> None:
+            self.cause = cause
+
+        def get_default_node(self) -> None:
+            return None
+
+        def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                raise self.cause
+            except Exception as exc:
+                exc.connection = None  # type: ignore[attr-defined]
+                return exc.connection.host  # what redis-py's _record_error_metric reads
+
+    assert _has_sharded_pubsub(Failing(redis.ConnectionError("refused"))) is True
+    with pytest.raises(AttributeError):
+        _has_sharded_pubsub(Failing(KeyError("not a connection error")))
+
+
 @pytest.mark.parametrize("cls", [DistLock, DistRLock])
 def test_a_lock_excludes_and_wakes_a_waiter_on_the_cluster(cluster_client: Any, cls: Any) -> None:
     name = _name("lock")
