@@ -10,12 +10,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, List
 
 import pytest
-from _support import settle
+from _support import renewals_seen, settle
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock
@@ -71,12 +70,13 @@ def test_retention_zero_goes_with_the_lease(client: Any) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_renewed_hold_keeps_its_counter(client: Any, kind: str) -> None:
     """The watchdog's renewals extend the counter with the hold: it never goes while held."""
-    distlock.configure(lease=1.0, renew_interval=0.2, fence_retention=0)
+    distlock.configure(lease=3.0, renew_interval=0.2, fence_retention=0)
     name = f"fence-held-{kind}"
     lock = make(kind, name, client)
     with lock:
         token = lock.token
-        time.sleep(2.5)  # more than two leases
+        # each renewal lengthens the counter's TTL with the hold's
+        renewals_seen(lambda: client.pttl(f"distlock:{{{name}}}:fence"), 3)
         assert client.exists(f"distlock:{{{name}}}:fence")
         assert int(client.get(f"distlock:{{{name}}}:fence")) == token
     assert settle(lambda: not client.keys(f"distlock:{{{name}}}*"), 10.0)

@@ -21,7 +21,7 @@ from typing import Any, Callable, List
 
 import pytest
 import redis
-from _support import settle, until
+from _support import renewals_seen, settle, until
 
 import distlock
 from distlock import (
@@ -75,9 +75,10 @@ def test_watchdog_survives_a_non_redis_error_and_reports_the_loss(
         lock.release()
 
     monkeypatch.setattr(redis.client.Pipeline, "execute", real_execute)
+    distlock.configure(lease=3.0, renew_interval=0.2)  # a late renewal is not a missing one
     other = cls("wd-after", client=client)
     with other:
-        time.sleep(2.5)  # more than two leases: only renewals keep it
+        renewals_seen(lambda: client.pttl("distlock:{wd-after}"), 3)
         assert other.owned()
         assert client.exists("distlock:{wd-after}")
 
@@ -86,9 +87,9 @@ def test_watchdog_survives_a_non_redis_error_and_reports_the_loss(
 def test_watchdog_survives_an_error_in_one_renew_call(url: str, client: Any) -> None:
     """A primitive whose renewal raises while it is being queued (a bug, say) loses its own
     hold, reported; the session's other holds go on being renewed."""
-    # renewals every 0.2 s of a 2 s lease: one may come 1.8 s late (a loaded machine) and the
-    # good hold still lives; after 2.5 s only renewals can have kept it
-    distlock.configure(lease=2.0, renew_interval=0.2)
+    # renewals every 0.2 s of a 3 s lease: one may come 2.8 s late (a loaded machine) and the
+    # good hold still lives
+    distlock.configure(lease=3.0, renew_interval=0.2)
     good = DistRLock("wd-good", client=client)
     bad = DistRLock("wd-bad", client=client)
     lost: List[Any] = []
@@ -102,7 +103,7 @@ def test_watchdog_survives_an_error_in_one_renew_call(url: str, client: Any) -> 
 
     hold.renew = broken
     until(lambda: lost == [bad])
-    time.sleep(2.5)
+    renewals_seen(lambda: client.pttl("distlock:{wd-good}"), 3)  # after the bad one was lost
     assert good.owned() and client.exists("distlock:{wd-good}")
     good.release()
     with pytest.raises(LockLostError):
@@ -162,7 +163,7 @@ def test_helper_threads_exit_when_idle_and_come_back(url: str, client: Any) -> N
     """The dispatcher and the watchdog exit a few seconds after their last waiter and hold,
     without any reset, and start again on demand."""
     before = set(_helper_threads())
-    distlock.configure(lease=1.0, renew_interval=0.2)
+    distlock.configure(lease=3.0, renew_interval=0.2)
     holder = DistLock("idle", client=client)
     for _round in range(2):
         holder.acquire()
@@ -170,7 +171,7 @@ def test_helper_threads_exit_when_idle_and_come_back(url: str, client: Any) -> N
         assert not waiter.acquire(timeout=0.2)  # subscribes: the dispatcher runs
         assert any(t.name.startswith("distlock-pubsub") for t in _helper_threads())
         assert any(t.name.startswith("distlock-watchdog") for t in _helper_threads())
-        time.sleep(1.5)  # renewed, not lost
+        renewals_seen(lambda: client.pttl("distlock:{idle}"))  # renewed, not lost
         assert holder.owned()
         holder.release()
         assert settle(lambda: set(_helper_threads()) <= before, 10.0), _helper_threads()
