@@ -174,8 +174,8 @@ class Session:
                 notify(listener)
 
     def busy(self) -> bool:
-        """True while holds, waiters, or clean-ups and renewal I/O in flight need the session."""
-        return bool(self.holds) or self.dispatcher.busy() or self.watchdog.working()
+        """True while holds or waiters need the session."""
+        return bool(self.holds) or self.dispatcher.busy()
 
     def serves(self, client: Any) -> bool:
         """False for a session of a user's client that is gone, when ``client`` is a new one
@@ -413,10 +413,10 @@ def _reap() -> None:
 
 def _retire_if_idle(session: Session) -> bool:
     """Retire ``session`` unless a user client or a hold or waiter still needs it; a session
-    with holds is retired after its last hold is dropped. True: look again later (only work
-    in flight kept it: its clean-ups, a waiter leaving)."""
+    with holds is retired after its last hold is dropped. True: look again later (only a
+    waiter kept it)."""
     with _sessions_lock:
-        if session.closed or session.users or session.holds:
+        if session.users or session.holds:
             return False
         if session.busy():
             return True

@@ -116,12 +116,6 @@ class Watchdog:
             if self.closed or not self._renewal_open:
                 self._drop_renewer()
 
-    def working(self) -> bool:
-        """True while clean-ups or renewal I/O are queued or running: retiring the session now
-        would drop them (or let them open a connection after its close)."""
-        return (bool(self._deferred or self._abandoned or self._timed)
-                or self.renewals.busy or self.chores.busy)
-
     def drop(self, hold: Hold) -> bool:
         """Forget ``hold``; return True when no hold is left."""
         with self.mutex:

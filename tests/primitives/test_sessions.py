@@ -86,7 +86,24 @@ def test_per_request_clients_of_their_own_session_leave_nothing(url: str, client
     assert settle(clean, 10.0), (
         f"left behind: {len(left())} sessions, threads "
         f"{set(_helper_threads()) - before_threads}, {connections()} connections: "
-        f"{[(c.get('cmd'), c.get('age'), c.get('idle')) for c in ours()]}")
+        f"{[(c.get('cmd'), c.get('age'), c.get('idle')) for c in ours()]}; sessions: "
+        f"{[_why_kept(s) for s in left()][:3]}; reaper: {_reaper_state()}")
+
+
+def _why_kept(session: Any) -> Dict[str, Any]:
+    """What keeps a session from being retired, for a failure's message."""
+    watchdog = session.watchdog
+    return {"closed": session.closed, "users": len(session.users), "holds": len(session.holds),
+            "waiters": session.dispatcher.busy(), "deferred": len(watchdog._deferred),
+            "timed": len(watchdog._timed), "abandoned": len(watchdog._abandoned),
+            "renewals": watchdog.renewals.busy, "chores": watchdog.chores.busy}
+
+
+def _reaper_state() -> Any:
+    from distlock._session import session as module
+
+    return {"pending": len(module._pending), "reaping": module._reaping[0],
+            "threads": [t.name for t in threading.enumerate() if t.name == "distlock-reaper"]}
 
 
 @pytest.mark.real_redis
