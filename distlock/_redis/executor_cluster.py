@@ -155,7 +155,13 @@ class ClusterExecutor(Executor):
             kind, what = next(plan)
 
     def read(self, *command: Any) -> Any:
-        return self.client.execute_command(*command)
+        try:
+            return self.client.execute_command(*command)
+        except AttributeError as exc:
+            hidden = _hidden_error(exc)
+            if hidden is exc:
+                raise
+            raise hidden from None
 
     def batch(self) -> ClusterBatch:
         return ClusterBatch(self, self.node_client)
@@ -199,6 +205,14 @@ class ClusterExecutor(Executor):
         return ClusterDispatcher(source, tag)
 
 
+def _hidden_error(exc: AttributeError) -> BaseException:
+    """The Redis error that ``exc`` hid, else ``exc``. redis-py 8.1 records a metric of a
+    connection error whose ``connection`` is None (``RedisCluster._record_error_metric``) and
+    fails doing so: the error it was handling is the one that happened."""
+    context = exc.__context__
+    return context if isinstance(context, redis.RedisError) else exc
+
+
 def _has_sharded_pubsub(client: Any) -> bool:
     """Whether the cluster's servers have SPUBLISH (Redis 7.0+, Valkey); asked once."""
     try:
@@ -206,10 +220,7 @@ def _has_sharded_pubsub(client: Any) -> bool:
     except redis.RedisError:
         return True  # unreachable now: assume a current server; the scripts say otherwise if not
     except AttributeError as exc:
-        # redis-py 8.1 records a metric of a connection error whose ``connection`` is None
-        # (RedisCluster._record_error_metric) and fails doing so: the error it was handling is
-        # the one that happened
-        if isinstance(exc.__context__, redis.RedisError):
+        if isinstance(_hidden_error(exc), redis.RedisError):
             return True
         raise
     if isinstance(info, dict) and len(info) == 1 and isinstance(next(iter(info.values())), dict):

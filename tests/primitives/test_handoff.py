@@ -357,11 +357,10 @@ def _previous(name: str) -> str:
 def test_a_process_of_the_previous_release_never_gets_a_hold_it_does_not_believe(client: Any) -> None:
     """A rolling upgrade. A hand-off goes only to a thread of the releasing process, which runs
     this release by construction: a process still running the previous release (b49bc5c,
-    tests/compat) is never handed anything. What it sees is a lock taken by this release's
-    waiter: its try is refused while that waiter believes it holds the lock, and granted once
-    that hold is given back. Its waiting entry counts as another process, so it keeps
-    this release from handing over outside a quantum. Both ways, Redis's owner is the one
-    caller that believes it holds the lock."""
+    tests/compat) is never handed anything. Whichever of the two gets the lock after the
+    release (its waiting entry counts as another process's), Redis's owner is the one caller
+    that believes it holds the lock: the previous release's try is refused while this
+    release's waiter believes it holds the lock, and granted once that hold is given back."""
     acquire, release = _previous("lock_acquire"), _previous("lock_release")
     holder = DistLock("mixed", client=client, lease=60)
     keys = (holder._keys.lock, holder._keys.fence, holder._keys.queue)

@@ -12,6 +12,7 @@ import asyncio
 import multiprocessing
 import threading
 import time
+import types
 import uuid
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -118,7 +119,7 @@ def test_the_client_gets_the_cluster_executor_and_dispatcher(cluster_client: Any
         assert session.executor.sharded  # Redis 7.0+ and Valkey: SPUBLISH
 
 
-def test_the_sharded_probe_reads_redis_pys_failing_error_path_as_unreachable() -> None:
+def test_redis_pys_failing_error_path_reads_as_the_connection_error_it_hid() -> None:
     """redis-py 8.1 fails while it records the metric of a connection error that carries no
     connection (``AttributeError: 'NoneType' object has no attribute 'host'``), hiding that
     error: the probe reads it as the connection error it was. Any other AttributeError is
@@ -142,6 +143,13 @@ def test_the_sharded_probe_reads_redis_pys_failing_error_path_as_unreachable() -
     assert _has_sharded_pubsub(Failing(redis.ConnectionError("refused"))) is True
     with pytest.raises(AttributeError):
         _has_sharded_pubsub(Failing(KeyError("not a connection error")))
+    # and a read (GET, PTTL, ...) raises the connection error itself
+    reader = types.SimpleNamespace(client=Failing(redis.ConnectionError("refused")))
+    with pytest.raises(redis.ConnectionError):
+        ClusterExecutor.read(reader, "GET", "k")  # type: ignore[arg-type]
+    reader = types.SimpleNamespace(client=Failing(KeyError("not a connection error")))
+    with pytest.raises(AttributeError):
+        ClusterExecutor.read(reader, "GET", "k")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("cls", [DistLock, DistRLock])
