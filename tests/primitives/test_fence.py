@@ -34,13 +34,17 @@ def make(kind: str, name: str, client: Any, **kwargs: Any) -> Any:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_names_leave_nothing_once_the_retention_passed(client: Any, kind: str) -> None:
-    distlock.configure(fence_retention=1.0)
+    distlock.configure(fence_retention=2.0)
     names = [f"fence-{kind}-{i}" for i in range(50)]
+    outlived = 0
     for name in names:
         lock = make(kind, name, client, lease=0.5)
         with lock:
             assert client.exists(f"distlock:{{{name}}}:fence")
-    assert client.keys("distlock:*"), "the counters outlive the holds for a while"
+        # looked at right after the hold ended (the whole loop may take longer than the
+        # retention on a loaded machine: the first counters may be gone by its end)
+        outlived += client.exists(f"distlock:{{{name}}}:fence")
+    assert outlived, "the counters outlive the holds for a while"
     assert settle(lambda: not client.keys("distlock:*"), 20.0), client.keys("distlock:*")[:5]
 
 
