@@ -27,7 +27,7 @@ import faults
 import pytest
 import redis
 import redis.asyncio
-from _support import renewals_seen, start
+from _support import lease_left_ms, renewals_seen, start
 from faults import PRIMITIVES, FaultProxy, FencedResource, Holder
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -102,24 +102,6 @@ EXCLUSIVE = [k for k in KINDS if PRIMITIVES[k].exclusive]
 #: DistRLock's own bound methods (as in threading), so its run would be DistRLock's again; its
 #: waits have their own scenario at the end of this file.
 CHECKED = [k for k in EXCLUSIVE if k != "DistCondition"]
-
-
-def lease_left_ms(client: Any, name: str) -> int:
-    """The longest remaining lease of a hold of ``name`` (-1 when nothing holds it): a hash's
-    PTTL, or for the readers of a read/write lock (sorted-set members ``owner#token`` scored by
-    their deadline on the server's clock) the latest deadline from now."""
-    best = -1
-    for key in client.scan_iter(match=f"distlock:{{{name}}}*"):
-        kind = client.type(key)
-        if kind == b"hash":
-            best = max(best, int(client.pttl(key)))
-        elif kind == b"zset":
-            seconds, micros = client.time()
-            now_ms = seconds * 1000 + micros // 1000
-            for member, deadline in client.zrange(key, 0, -1, withscores=True):
-                if b"#" in member and deadline > now_ms:
-                    best = max(best, int(deadline - now_ms))
-    return best
 
 
 def holds_token(client: Any, name: str, token: Optional[int]) -> bool:
@@ -721,12 +703,6 @@ def _fill_until_out_of_memory(full: redis.Redis, tag: str) -> None:
             full.set(f"filler:{tag}:{i}", "x" * 1024)
 
 
-def _renewed(full: redis.Redis, name: str, what: str) -> None:
-    """Wait until a renewal of ``name``'s hold reaches the server: its remaining lease grows
-    (bounded; no timing is judged)."""
-    renewals_seen(lambda: lease_left_ms(full, name), 1, what=what)
-
-
 @pytest.mark.real_redis
 @pytest.mark.parametrize("kind", KINDS)
 def test_7_out_of_memory_release_and_renew_still_work(client: Any, kind: str) -> None:
@@ -746,9 +722,10 @@ def test_7_out_of_memory_release_and_renew_still_work(client: Any, kind: str) ->
             used = int(full.info("memory")["used_memory"])
             full.config_set("maxmemory", used + 256 * 1024)
             _fill_until_out_of_memory(full, "a")
-            _renewed(full, f"s7-{kind}-w", "a renewal out of memory")
+            renewals_seen(lambda: lease_left_ms(full, f"s7-{kind}-w"), 1, what="the hold out of memory")
             full.script_flush()  # and the NOSCRIPT path out of memory
-            _renewed(full, f"s7-{kind}-w", "a renewal out of memory after SCRIPT FLUSH")
+            renewals_seen(lambda: lease_left_ms(full, f"s7-{kind}-w"), 1,
+                          what="the hold out of memory after SCRIPT FLUSH")
             assert watched.owned() and not lost, "renewal failed out of memory"
             # valkey-server counts its scripts' memory as used: the flush freed some of it
             _fill_until_out_of_memory(full, "b")

@@ -18,7 +18,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import _rw_workers
 import pytest
-from _support import renewals_seen, scan_keys, subscribers
+from _support import lease_left_ms, renewals_seen, scan_keys, subscribers
 
 import distlock
 from distlock import DistReadWriteLock, LockLostError, LockNotOwnedError
@@ -703,20 +703,12 @@ def test_sigkilled_reader_stops_blocking_writers_after_its_lease(url: str, clien
     assert _left(client, name) == _only_fence(name)
 
 
-def _reader_left_ms(client: Any, name: str) -> int:
-    """The latest deadline of a reader of ``name`` from now, on the server's clock (-1: none)."""
-    seconds, micros = client.time()
-    now_ms = seconds * 1000 + micros // 1000
-    scores = [score for _member, score in client.zrange(_keys(name).readers, 0, -1, withscores=True)]
-    return int(max(scores) - now_ms) if scores and max(scores) > now_ms else -1
-
-
 def test_watchdog_keeps_a_reader_alive(client: Any) -> None:
     distlock.configure(lease=3.0, renew_interval=0.2)
     rw = DistReadWriteLock("r-watch", client=client)
     r, w = rw.read_lock(), rw.write_lock()
     with r:
-        renewals_seen(lambda: _reader_left_ms(client, "r-watch"), 3)  # the watchdog's
+        renewals_seen(lambda: lease_left_ms(client, "r-watch"), 3)  # the watchdog's
         assert r.owned()
         assert _in_thread(lambda: w.acquire(blocking=False)) is False
     assert _left(client, "r-watch") == _only_fence("r-watch")

@@ -67,6 +67,24 @@ def until(check: Callable[[], Any], bound: float = BOUND, what: str = "condition
         time.sleep(0.02)
 
 
+def lease_left_ms(client: Any, name: str) -> int:
+    """The longest remaining lease of a hold of ``name`` (-1 when nothing holds it): a hash's
+    PTTL, or for the readers of a read/write lock (sorted-set members ``owner#token`` scored by
+    their deadline on the server's clock) the latest deadline from now."""
+    best = -1
+    for key in client.scan_iter(match=f"distlock:{{{name}}}*"):
+        kind = client.type(key)
+        if kind == b"hash":
+            best = max(best, int(client.pttl(key)))
+        elif kind == b"zset":
+            seconds, micros = client.time()
+            now_ms = seconds * 1000 + micros // 1000
+            for member, deadline in client.zrange(key, 0, -1, withscores=True):
+                if b"#" in member and deadline > now_ms:
+                    best = max(best, int(deadline - now_ms))
+    return best
+
+
 def renewals_seen(left_ms: Callable[[], int], count: int = 2, bound: float = 30.0,
                   what: str = "hold") -> None:
     """Wait until ``count`` renewals of a hold reached the server: each makes its remaining
