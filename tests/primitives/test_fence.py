@@ -10,11 +10,10 @@ import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any, List
 
 import pytest
-from _support import renewals_seen, settle
+from _support import previous_script, renewals_seen, settle
 
 import distlock
 from distlock import DistLock, DistReadWriteLock, DistRLock
@@ -135,17 +134,12 @@ def test_default_retention_is_at_most_a_day() -> None:
     assert 0 < distlock.configure().fence_retention <= 86400
 
 
-def _previous(name: str) -> str:
-    """The assembled script ``name`` of the previous release (tests/compat)."""
-    return (Path(__file__).parent.parent / "compat" / f"prev_{name}.lua").read_text(encoding="utf-8")
-
-
 @pytest.mark.real_redis
 def test_a_previous_release_and_this_one_exclude_each_other(url: str, client: Any) -> None:
     """A rolling upgrade: the lock hash is laid out as before (the counter only gained a TTL),
     so a process still running the previous release's scripts and one running these exclude
     each other on the same name, and tokens keep growing across both."""
-    acquire, release = _previous("lock_acquire"), _previous("lock_release")
+    acquire, release = previous_script("lock_acquire"), previous_script("lock_release")
     keys = ("distlock:{upgrade}", "distlock:{upgrade}:fence", "distlock:{upgrade}:q")
     new = DistLock("upgrade", client=client)
 
@@ -173,8 +167,8 @@ def test_readers_and_writers_of_a_previous_release_and_this_one_exclude_each_oth
     readers by their deadlines, not their spelling, so each release's writers exclude the
     other's readers and writers, and its readers the other's writers; tokens keep growing
     across both; and ``status`` reads both spellings of a reader."""
-    read_acquire, read_release = _previous("rw_read_acquire"), _previous("rw_read_release")
-    write_acquire, write_release = _previous("rw_write_acquire"), _previous("rw_write_release")
+    read_acquire, read_release = previous_script("rw_read_acquire"), previous_script("rw_read_release")
+    write_acquire, write_release = previous_script("rw_write_acquire"), previous_script("rw_write_release")
     rw = RWKeys.of("distlock:", "rw-upgrade")
     keys = (rw.writer, rw.readers, rw.queue, rw.fence)
 
@@ -252,7 +246,7 @@ def test_a_previous_release_does_not_check_kinds_and_this_one_refuses_what_it_ma
     a name that this release holds as a semaphore (both believe they have it, as before the
     check existed); this release refuses a semaphore on the name while the previous release's
     process holds it as a lock, and takes it once that hold is gone."""
-    acquire, release = _previous("lock_acquire"), _previous("lock_release")
+    acquire, release = previous_script("lock_acquire"), previous_script("lock_release")
     keys = ("distlock:{kind-upgrade}", "distlock:{kind-upgrade}:fence", "distlock:{kind-upgrade}:q")
     sem = distlock.DistSemaphore("kind-upgrade", 1, client=client)
     assert sem.acquire(blocking=False)
@@ -276,8 +270,8 @@ def test_a_lock_and_a_read_write_lock_of_a_previous_release_see_only_their_own_k
     release refuses either side while the previous release holds the lock, and the lock while
     the previous release holds the write side. What an older process releases does not wake this
     release's waiters of the other kind: they try again at their bounded sleep (wait_cap)."""
-    lock_acquire, lock_release = _previous("lock_acquire"), _previous("lock_release")
-    write_acquire, write_release = _previous("rw_write_acquire"), _previous("rw_write_release")
+    lock_acquire, lock_release = previous_script("lock_acquire"), previous_script("lock_release")
+    write_acquire, write_release = previous_script("rw_write_acquire"), previous_script("rw_write_release")
     rw = RWKeys.of("distlock:", "lw-upgrade")
     lock_keys = (rw.lock, rw.fence, rw.lock_queue)
     rw_keys = (rw.writer, rw.readers, rw.queue, rw.fence)

@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 import redis
 from _procs import recv
+from _support import previous_script
 
 import distlock
 import distlock.asyncio as aio
@@ -349,11 +349,6 @@ def test_hand_offs_within_a_process_keep_its_quantum(url: str, client: Any, chil
 
 # --- rolling upgrades -------------------------------------------------------------------------
 
-def _previous(name: str) -> str:
-    """The assembled script ``name`` of the previous release (tests/compat)."""
-    return (Path(__file__).parent.parent / "compat" / f"prev_{name}.lua").read_text(encoding="utf-8")
-
-
 def test_a_process_of_the_previous_release_never_gets_a_hold_it_does_not_believe(client: Any) -> None:
     """A rolling upgrade. A hand-off goes only to a thread of the releasing process, which runs
     this release by construction: a process still running the previous release (b49bc5c,
@@ -361,7 +356,7 @@ def test_a_process_of_the_previous_release_never_gets_a_hold_it_does_not_believe
     release (its waiting entry counts as another process's), Redis's owner is the one caller
     that believes it holds the lock: the previous release's try is refused while this
     release's waiter believes it holds the lock, and granted once that hold is given back."""
-    acquire, release = _previous("lock_acquire"), _previous("lock_release")
+    acquire, release = previous_script("lock_acquire"), previous_script("lock_release")
     holder = DistLock("mixed", client=client, lease=60)
     keys = (holder._keys.lock, holder._keys.fence, holder._keys.queue)
     old_channel = holder._keys.waiter_channel("previous-release")

@@ -9,6 +9,7 @@ import selectors
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
 import redis
@@ -83,6 +84,12 @@ def lease_left_ms(client: Any, name: str) -> int:
                 if b"#" in member and deadline > now_ms:
                     best = max(best, int(deadline - now_ms))
     return best
+
+
+def previous_script(name: str) -> str:
+    """The assembled script ``name`` of the previous release (tests/compat), for the rolling
+    upgrade tests."""
+    return (Path(__file__).parent.parent / "compat" / f"prev_{name}.lua").read_text(encoding="utf-8")
 
 
 def renewals_seen(left_ms: Callable[[], int], count: int = 2, bound: float = 30.0,
