@@ -18,6 +18,7 @@ import pytest
 import redis
 import redis.asyncio as aredis
 from _aio import keys, run_in_loop
+from _support import collect_garbage
 
 import distlock
 import distlock.asyncio as aio
@@ -412,8 +413,7 @@ def test_nothing_left_running(url: str, client: redis.Redis) -> None:
             await asyncio.sleep(0.02)
         assert asyncio.all_tasks() == before
     run(url, body)
-    import gc
-    gc.collect()
+    collect_garbage()
     assert not live_ports().get(seen[0])  # the client is gone, and its port with it
 
 

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import _thread
-import gc
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from typing import Any, Callable, List
 
 import pytest
 import redis
-from _support import renewals_seen, settle, until
+from _support import collect_garbage, renewals_seen, settle, until
 
 import distlock
 from distlock import (
@@ -132,7 +131,7 @@ def test_per_request_clients_leave_no_thread_and_no_connection(url: str, client:
         del lock, per_request
     held.release()
     del held, blocker
-    gc.collect()
+    collect_garbage()
 
     def clean() -> bool:
         return set(_helper_threads()) <= before_threads and _connections(client) <= before_conns

@@ -20,7 +20,7 @@ from typing import Any, Dict, List
 
 import pytest
 import redis
-from _support import settle
+from _support import collect_garbage, settle
 
 from distlock import DistLock, DistRLock
 from distlock._session.session import all_sessions, session_for
@@ -70,7 +70,7 @@ def test_per_request_clients_of_their_own_session_leave_nothing(url: str, client
         made.append(weakref.ref(session_for(per_request)))
         per_request.close()  # a no-op signal for distlock; it frees the single connection
         del lock, per_request
-    gc.collect()
+    collect_garbage()
 
     def left() -> List[Any]:
         """This test's sessions still registered or not closed (others', which the rest of
@@ -96,7 +96,24 @@ def _why_kept(session: Any) -> Dict[str, Any]:
     return {"closed": session.closed, "users": len(session.users), "holds": len(session.holds),
             "waiters": session.dispatcher.busy(), "deferred": len(watchdog._deferred),
             "timed": len(watchdog._timed), "abandoned": len(watchdog._abandoned),
-            "renewals": watchdog.renewals.busy, "chores": watchdog.chores.busy}
+            "renewals": watchdog.renewals.busy, "chores": watchdog.chores.busy,
+            "client kept by": _referrers(session._user() if session._user else None)}
+
+
+def _referrers(obj: Any) -> List[str]:
+    """What still refers to ``obj`` (a user client that should be gone), two levels deep."""
+    if obj is None:
+        return []
+    out = []
+    for ref in gc.get_referrers(obj):
+        if isinstance(ref, list) and ref and all(isinstance(x, (int, str)) for x in ref):
+            continue
+        line = f"{type(ref).__name__}:{str(ref)[:120]}"
+        if isinstance(ref, dict):  # an object's __dict__, or a registry: who holds it
+            line += " <- " + ", ".join(f"{type(r).__name__}:{str(r)[:80]}"
+                                       for r in gc.get_referrers(ref)[:4])
+        out.append(line)
+    return out[:8]
 
 
 def _reaper_state() -> Any:
@@ -165,7 +182,7 @@ def test_retiring_a_session_never_closes_the_users_busy_connections(url: str, cl
     thread = threading.Thread(target=app_work)
     thread.start()
     started.wait(5)
-    gc.collect()  # the request's client is gone: its session retires within about a second
+    collect_garbage()  # the request's client is gone: its session retires within about a second
     thread.join(10)
     assert not thread.is_alive()
     assert results == {"reply": None}, results
@@ -187,7 +204,7 @@ def test_the_reaper_retires_a_session_and_exits(backend: Any) -> None:
     assert len(all_sessions()) == sessions + 1
     ref = weakref.ref(made)
     del made
-    gc.collect()
+    collect_garbage()
     assert ref() is None
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:

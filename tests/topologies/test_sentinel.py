@@ -9,7 +9,6 @@ lock types). Timing is asserted only as generous bounds.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import subprocess
 import sys
@@ -23,6 +22,7 @@ import redis
 import redis.asyncio.sentinel
 import redis.sentinel
 from _procs import SPAWN
+from _support import collect_garbage
 
 import distlock
 import distlock.asyncio as aio
@@ -273,7 +273,7 @@ def test_a_dispatcher_whose_client_is_gone_exits_quietly(sentinel_set: SentinelS
     assert threads and threads[0].is_alive()
     pool = other.connection_pool
     del waiter, other
-    gc.collect()
+    collect_garbage()
     pool.disconnect()  # breaks the dispatcher's connection: it reconnects through the proxy
     threads[0].join(BOUND)
     assert not threads[0].is_alive()
