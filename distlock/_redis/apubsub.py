@@ -79,18 +79,37 @@ class AsyncDispatcher(Board):
     async def _loop(self) -> None:
         backoff = 0.05
         pubsub = self._pubsub
+        unconnected_since: Optional[float] = None
         try:
             while not self.closed:
+                _raise_if_cancelled()
                 pubsub = self._pubsub
                 try:
                     names = self._to_resubscribe()
                     if names:
                         async with self._io:  # type: ignore[union-attr]
                             await pubsub.subscribe(*names)
-                    if pubsub.connection is None:  # the first SUBSCRIBE is still on its way
-                        await asyncio.sleep(0.002)
-                        continue
-                    message = await pubsub.get_message(timeout=TICK)
+                    if pubsub.connection is None:
+                        # Not connected: redis-py's get_message would raise. A SUBSCRIBE may be
+                        # on its way (a waiter's join): look again soon. But not for ever: a
+                        # join whose SUBSCRIBE failed before it connected leaves no connection
+                        # to come, and a channel nobody waits for any more is given up below.
+                        now = time.monotonic()
+                        if unconnected_since is None:
+                            unconnected_since = now
+                        if now - unconnected_since < TICK:
+                            await asyncio.sleep(0.002)
+                            continue
+                        unconnected_since = None
+                        if self.busy():
+                            raise redis.ConnectionError("the pub/sub connection never connected")
+                        with self.mutex:  # no SUBSCRIBE is on its way on it: the channels are
+                            self._reset_channels()  # given up below once idle long enough
+                        await asyncio.sleep(TICK)  # as redis-py's get_message does unsubscribed
+                        message = None
+                    else:
+                        unconnected_since = None
+                        message = await pubsub.get_message(timeout=TICK)
                     backoff = 0.05
                 except Exception as exc:  # noqa: BLE001 - the reader must outlive any failure
                     if self.closed:
@@ -177,6 +196,17 @@ class Flag:
             timer.cancel()
             if fut in self._waiting:
                 self._waiting.remove(fut)
+
+
+def _raise_if_cancelled() -> None:
+    """Raise CancelledError if this task was cancelled and something swallowed it (3.11+ can
+    tell: ``Task.cancelling``). A CancelledError that meets a timeout expiring at the same
+    moment can come out as a TimeoutError, which the reader shrugs off as a network failure:
+    it must still end, or ``asyncio.run`` waits for it for ever when it cancels what is left."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
 
 
 def _expire(fut: asyncio.Future[None]) -> None:

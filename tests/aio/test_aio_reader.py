@@ -1,0 +1,134 @@
+"""The asyncio pub/sub reader ends when it should, whatever its connection did.
+
+Both were found by the nemesis (``python -m distlock.testing.nemesis --topology redlock
+--shell asyncio --nemesis partition``): after a partition, a worker's ``asyncio.run`` never
+returned, because the reader task it cancelled at the end went on running.
+
+- A pub/sub connection that never connected (a waiter's SUBSCRIBE failed before it did) left the
+  reader looking every 2 ms for a connection that would never come, for ever: it neither gave
+  up the channel nobody waited on any more nor started over.
+- A cancellation that a library turned into another error (3.11's timeouts can, when a timeout
+  expires as the task is cancelled) was shrugged off as a network failure: the reader must end
+  all the same.
+
+A fake PubSub plays the connection, so that each case is exact; the bounds are hang bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any, List, Optional
+
+import pytest
+import redis
+from _support import BOUND
+
+from distlock._redis.apubsub import AsyncDispatcher
+
+
+class _NeverConnects:
+    """A ``redis.asyncio`` PubSub whose SUBSCRIBE fails before it connects. ``swallow``: a
+    cancellation that reaches its SUBSCRIBE comes out as a ``redis.TimeoutError``."""
+
+    def __init__(self, swallow: bool = False) -> None:
+        self.connection: Optional[Any] = None
+        self.swallow = swallow
+        self.subscribes = 0
+
+    async def subscribe(self, *names: str) -> None:
+        self.subscribes += 1
+        if self.swallow:
+            try:
+                await asyncio.sleep(BOUND)
+            except asyncio.CancelledError:
+                raise redis.TimeoutError("Timeout reading from socket") from None
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+    async def get_message(self, timeout: float = 0.0) -> None:
+        raise RuntimeError("pubsub connection not set: did you forget to call subscribe()?")
+
+    async def unsubscribe(self, *names: str) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_reader_that_never_connected_gives_up_when_nobody_waits() -> None:
+    opened: List[_NeverConnects] = []
+
+    def opener() -> _NeverConnects:
+        opened.append(_NeverConnects())
+        return opened[-1]
+
+    async def body() -> None:
+        dispatcher = AsyncDispatcher(opener)
+        waiter = await dispatcher.join("distlock:{reader}:wake:x", 0.05)
+        task = dispatcher.task
+        assert task is not None and opened[0].subscribes == 1  # the join's SUBSCRIBE failed
+        dispatcher.leave(waiter, False)  # nobody waits on the channel any more
+        try:
+            await asyncio.wait_for(asyncio.shield(task), BOUND)
+        finally:
+            dispatcher.close()
+        assert dispatcher.task is None and not dispatcher.channels
+
+    asyncio.run(body())
+
+
+def test_a_reader_that_never_connected_starts_over_while_a_task_waits() -> None:
+    opened: List[_NeverConnects] = []
+
+    def opener() -> _NeverConnects:
+        opened.append(_NeverConnects())
+        return opened[-1]
+
+    async def body() -> None:
+        dispatcher = AsyncDispatcher(opener)
+        waiter = await dispatcher.join("distlock:{reader}:wake:y", 0.05)
+        try:
+            # the reader opens a new connection and subscribes again, instead of waiting for
+            # the first one for ever
+            deadline = asyncio.get_running_loop().time() + BOUND
+            while len(opened) < 2 or opened[1].subscribes == 0:
+                assert asyncio.get_running_loop().time() < deadline, "the reader never started over"
+                await asyncio.sleep(0.01)
+        finally:
+            dispatcher.leave(waiter, False)
+            dispatcher.close()
+            if dispatcher.task is not None:
+                await asyncio.wait([dispatcher.task], timeout=BOUND)
+
+    asyncio.run(body())
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is new in 3.11")
+def test_a_cancelled_reader_ends_even_if_the_cancellation_was_swallowed() -> None:
+    opened: List[_NeverConnects] = []
+
+    def opener() -> _NeverConnects:
+        # the first connection (the join's) fails at once; the reader's own SUBSCRIBE on the
+        # next one hangs, and turns the cancellation into a TimeoutError
+        opened.append(_NeverConnects(swallow=bool(opened)))
+        return opened[-1]
+
+    async def body() -> None:
+        dispatcher = AsyncDispatcher(opener)
+        waiter = await dispatcher.join("distlock:{reader}:wake:z", 0.05)
+        task = dispatcher.task
+        assert task is not None
+        try:
+            deadline = asyncio.get_running_loop().time() + BOUND
+            while len(opened) < 2 or opened[1].subscribes == 0:
+                assert asyncio.get_running_loop().time() < deadline, "no second SUBSCRIBE"
+                await asyncio.sleep(0.01)
+            task.cancel()  # as asyncio.run does to the tasks left when its main one ends
+            done, _ = await asyncio.wait([task], timeout=BOUND)
+            assert done, "the reader outlived its cancellation"
+            assert task.cancelled()
+        finally:
+            dispatcher.leave(waiter, False)
+            dispatcher.close()
+
+    asyncio.run(body())
