@@ -11,8 +11,10 @@ renewals), so that the deadline is fixed when ``acquire`` returns.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import random
+import signal
 import sys
 import threading
 import time
@@ -21,18 +23,23 @@ from typing import Any, Dict, Iterator, List, Optional
 import redis
 import redis.asyncio
 
+from distlock._core.errors import QuorumError
+
 from .fenced import FencedStore
 from .history import History
 
 __all__ = ["main"]
 
-#: What a worker shrugs off and tries again after: the server or the network failed it.
-_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError)
+#: What a worker shrugs off and tries again after: the server or the network failed it (or,
+#: under Redlock, too few masters answered).
+_TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError,
+              QuorumError)
 
 
 class _Plan:
     def __init__(self, config: Dict[str, Any]) -> None:
-        self.url: str = config["url"]
+        #: one URL, or a Redlock's masters' (each through its proxy)
+        self.urls: List[str] = list(config["urls"])
         self.names = list(config["names"])
         self.threads = int(config["threads"])
         self.lease = float(config["lease"])
@@ -123,10 +130,14 @@ async def _task_loop(plan: _Plan, client: Any) -> None:
             pass
 
 
-def _client(plan: _Plan) -> Any:
-    # a partitioned holder's calls give up after half a lease, so that it keeps trying
-    return redis.Redis.from_url(plan.url, socket_timeout=plan.lease / 2,
-                                socket_connect_timeout=plan.lease / 2)
+def _client(plan: _Plan, module: Any = redis) -> Any:
+    """The ``client=`` of the worker's locks: one client, or a list of them (Redlock), of
+    ``module`` (``redis`` or ``redis.asyncio``). A partitioned holder's calls give up after half
+    a lease, so that it keeps trying."""
+    clients = [module.Redis.from_url(url, socket_timeout=plan.lease / 2,
+                                     socket_connect_timeout=plan.lease / 2)
+               for url in plan.urls]
+    return clients[0] if len(clients) == 1 else clients
 
 
 def _run_threads(plan: _Plan) -> int:
@@ -146,18 +157,30 @@ def _run_threads(plan: _Plan) -> int:
 
 
 async def _run_tasks(plan: _Plan) -> None:
-    client = redis.asyncio.Redis.from_url(plan.url, socket_timeout=plan.lease / 2,
-                                          socket_connect_timeout=plan.lease / 2)
+    client = _client(plan, redis.asyncio)
+    # a worker that hangs is asked for its tasks' stacks too (SIGUSR2), which faulthandler
+    # cannot give: the loop answers it, if it still runs
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _print_tasks)
     try:
         await asyncio.gather(*(_task_loop(plan, client) for _ in range(plan.threads)))
     finally:
-        closer = getattr(client, "aclose", None) or client.close
-        await closer()
+        for each in client if isinstance(client, list) else [client]:
+            closer = getattr(each, "aclose", None) or each.close
+            await closer()
+
+
+def _print_tasks() -> None:
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     plan = _Plan(json.loads(args[0]))
+    # a worker that hangs is asked for its threads' stacks (SIGUSR1) before it is killed
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the asyncio shell answers it (_print_tasks)
     import distlock  # noqa: F401 - imported before "ready", so that every worker starts alike
 
     print("ready", flush=True)

@@ -12,13 +12,23 @@ holder can be cut off alone), and lets them run while one nemesis acts in the mi
 - ``restart``: the server is killed and started again, empty (no persistence);
 - ``delay``: every proxy delays every chunk by a fifth of a lease, for two leases;
 - ``drop-replies``: one worker's requests reach the server, their replies are lost, for two
-  leases.
+  leases;
+- ``minority-down`` (Redlock only): one of the three masters is killed, and two leases later
+  started again, empty, on its port (it sits out a lease before it votes again:
+  docs/guides/redlock.rst).
+
+Two topologies (``--topology``): ``server``, one private server; ``redlock``, three independent
+masters, each worker reaching each master through a proxy of its own (a worker's proxies fail
+together: a partition cuts it off from every master). Under ``redlock``, ``restart`` restarts
+every master at once, empty.
 
 Each phase prints one row: the holds, the writes, the belief overlaps, the tokens that went
 backwards, the stale writes the fenced store took, and the longest time from a fault's healing
 to the next hold. The exit status is 1 if a phase found an overlap, a regression or a stale
-write. Only servers and proxies started here, on 127.0.0.1, get any traffic; every wait is
-bounded. This covers the single-server topology.
+write where the topology promises increasing tokens (``PROMISES_TOKENS``: not Redlock, whose
+token is the largest of its quorum's counters, docs/safety.rst). Only servers and proxies
+started here, on 127.0.0.1, get any traffic; every wait is bounded. Sentinel and Cluster are not
+covered yet.
 """
 
 from __future__ import annotations
@@ -38,20 +48,32 @@ from .history import History, Report, check_history
 from .proxy import FaultProxy
 from .server import RedisServer
 
-__all__ = ["NEMESES", "Phase", "run_phase", "main"]
+__all__ = ["NEMESES", "TOPOLOGIES", "PROMISES_TOKENS", "Phase", "run_phase", "failed", "main"]
 
-NEMESES = ("none", "partition", "pause", "kill", "restart", "delay", "drop-replies")
+NEMESES = ("none", "partition", "pause", "kill", "restart", "delay", "drop-replies",
+           "minority-down")
+TOPOLOGIES = ("server", "redlock")
+#: The topologies whose tokens increase in grant order (docs/safety.rst): there a token that
+#: went backwards, or a stale write the fenced store took, is a failure.
+PROMISES_TOKENS = ("server",)
+#: How many masters the ``redlock`` topology runs (a minority of them is one).
+REDLOCK_MASTERS = 3
 
 
 class Phase:
     """One nemesis against K processes of T threads (or tasks), for ``seconds``."""
 
     def __init__(self, nemesis: str, processes: int = 3, threads: int = 2, names: int = 2,
-                 lease: float = 0.5, seconds: float = 4.0, shell: str = "threads") -> None:
+                 lease: float = 0.5, seconds: float = 4.0, shell: str = "threads",
+                 topology: str = "server") -> None:
         if nemesis not in NEMESES:
             raise ValueError(f"nemesis must be one of {', '.join(NEMESES)}, not {nemesis!r}")
         if shell not in ("threads", "asyncio"):
             raise ValueError(f"shell must be 'threads' or 'asyncio', not {shell!r}")
+        if topology not in TOPOLOGIES:
+            raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, not {topology!r}")
+        if nemesis == "minority-down" and topology != "redlock":
+            raise ValueError("minority-down needs the redlock topology (a minority of masters)")
         for what, value in (("processes", processes), ("threads", threads), ("names", names)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{what} must be an int, not {type(value).__name__}")
@@ -68,6 +90,12 @@ class Phase:
         self.lease = float(lease)
         self.seconds = float(seconds)
         self.shell = shell
+        self.topology = topology
+
+    @property
+    def label(self) -> str:
+        """What its row says in the topology column: ``server/threads``, say."""
+        return f"{self.topology}/{self.shell}"
 
 
 class _Workers:
@@ -75,17 +103,27 @@ class _Workers:
 
     def __init__(self, phase: Phase, workdir: str) -> None:
         self.phase = phase
-        self.server = RedisServer(die_with_parent=True)
-        self.proxies: List[FaultProxy] = []
+        self.servers: List[RedisServer] = []
+        #: per worker, its proxies: one per server
+        self.proxies: List[List[FaultProxy]] = []
         self.procs: List[subprocess.Popen[bytes]] = []
         self.logs: List[str] = []
         self.history_path = os.path.join(workdir, "history.jsonl")
         self.history = History(self.history_path)
         try:
+            for _ in range(REDLOCK_MASTERS if phase.topology == "redlock" else 1):
+                self.servers.append(RedisServer(die_with_parent=True))
+            if phase.topology == "redlock":
+                # a master votes once it has been up for a try's lease, as ``INFO``'s whole
+                # seconds tell: wait that out, or the first second of the run grants nothing
+                time.sleep(phase.lease + 1.0)
             for _ in range(phase.processes):
-                proxy = FaultProxy("127.0.0.1", self.server.port)
-                self.proxies.append(proxy)
-                config = {"url": proxy.url, "names": phase.names, "threads": phase.threads,
+                proxies: List[FaultProxy] = []
+                self.proxies.append(proxies)
+                for server in self.servers:
+                    proxies.append(FaultProxy("127.0.0.1", server.port))
+                config = {"urls": [p.url for p in proxies], "names": phase.names,
+                          "threads": phase.threads,
                           "lease": phase.lease, "seconds": phase.seconds, "shell": phase.shell,
                           "history": self.history_path, "store": os.path.join(workdir, "store")}
                 log = open(os.path.join(workdir, f"worker-{len(self.procs)}.log"), "wb")
@@ -119,12 +157,17 @@ class _Workers:
             try:
                 status = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                # its stacks into its log before it goes: its tasks' (SIGUSR2, asyncio
+                # workers), then its threads' (SIGUSR1, faulthandler)
+                for sig in (signal.SIGUSR2, signal.SIGUSR1):
+                    proc.send_signal(sig)
+                    time.sleep(0.3)
                 proc.kill()
                 proc.wait(10)
                 status = None
             if status != 0 and i != killed:
                 with open(self.logs[i], encoding="utf-8", errors="replace") as fh:
-                    tail = fh.read()[-2000:]
+                    tail = fh.read()[-12000:]
                 raise RuntimeError(f"nemesis worker {i} "
                                    f"{'hung' if status is None else f'exited with {status}'}:"
                                    f"\n{tail}")
@@ -147,10 +190,12 @@ class _Workers:
                         pipe.close()
         finally:
             try:
-                for proxy in self.proxies:
-                    proxy.close()
+                for proxies in self.proxies:
+                    for proxy in proxies:
+                        proxy.close()
             finally:
-                self.server.stop()
+                for server in self.servers:
+                    server.stop()
 
 
 def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, str]:
@@ -158,19 +203,24 @@ def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, s
     span = 2 * lease
     victim = 0
     start = time.monotonic()
+    everyone = [proxy for proxies in workers.proxies for proxy in proxies]
     if nemesis == "partition":
-        workers.proxies[victim].blackhole()
+        for proxy in workers.proxies[victim]:
+            proxy.blackhole()
         time.sleep(span)
-        workers.proxies[victim].heal()
+        for proxy in workers.proxies[victim]:
+            proxy.heal()
     elif nemesis == "drop-replies":
-        workers.proxies[victim].drop_replies()
+        for proxy in workers.proxies[victim]:
+            proxy.drop_replies()
         time.sleep(span)
-        workers.proxies[victim].heal()
+        for proxy in workers.proxies[victim]:
+            proxy.heal()
     elif nemesis == "delay":
-        for proxy in workers.proxies:
+        for proxy in everyone:
             proxy.delay(lease * 1000 / 5)
         time.sleep(span)
-        for proxy in workers.proxies:
+        for proxy in everyone:
             proxy.heal()
     elif nemesis == "pause":
         workers.procs[victim].send_signal(signal.SIGSTOP)
@@ -179,7 +229,13 @@ def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, s
     elif nemesis == "kill":
         workers.procs[victim].kill()
     elif nemesis == "restart":
-        workers.server.restart()
+        for server in workers.servers:
+            server.restart()
+    elif nemesis == "minority-down":
+        workers.servers[0].kill()
+        time.sleep(span)
+        workers.servers[0].start()
+        return start, time.monotonic(), "master 0"
     return start, time.monotonic(), f"worker {victim}" if nemesis not in (
         "delay", "restart") else "all"
 
@@ -198,6 +254,17 @@ def run_phase(phase: Phase) -> Report:
         finally:
             workers.close()
         return check_history(workers.history)
+
+
+def failed(topology: str, report: Report) -> bool:
+    """Whether ``report`` breaks what docs/safety.rst promises on ``topology`` (``server``,
+    ``redlock``; a row's label, ``redlock/asyncio``, is taken too): no belief overlaps
+    anywhere; no token regression and no stale write where tokens are promised to increase."""
+    if report.overlaps:
+        return True
+    if topology.split("/")[0] in PROMISES_TOKENS:
+        return bool(report.token_regressions or report.stale_writes)
+    return False
 
 
 def _row(cells: Sequence[str], widths: Sequence[int]) -> str:
@@ -232,6 +299,8 @@ def main(argv: Optional[List[str]] = None,
                         help="a nemesis to run (repeat it; default: all)")
     parser.add_argument("--shell", action="append", choices=("threads", "asyncio"),
                         help="which shell the workers use (repeat it; default: both)")
+    parser.add_argument("--topology", action="append", choices=TOPOLOGIES,
+                        help="a topology to run on (repeat it; default: all)")
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--names", type=int, default=2)
@@ -242,26 +311,30 @@ def main(argv: Optional[List[str]] = None,
     args = parser.parse_args(argv)
     nemeses = args.nemesis or list(NEMESES)
     shells = args.shell or ["threads", "asyncio"]
+    topologies = args.topology or list(TOPOLOGIES)
     try:
         phases = [Phase(n, args.processes, args.threads, args.names, args.lease,
-                        args.seconds, s) for s in shells for n in nemeses]
+                        args.seconds, s, t) for t in topologies for s in shells for n in nemeses
+                  if n != "minority-down" or t == "redlock"]
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    if not phases:
+        parser.error("minority-down needs --topology redlock")
     rows: List[Tuple[str, str, Report]] = []
     until = None if args.minutes is None else time.monotonic() + 60 * args.minutes
     while True:
         for phase in phases:
-            rows.append((f"server/{phase.shell}", phase.nemesis, run_phase(phase)))
+            rows.append((phase.label, phase.nemesis, run_phase(phase)))
         if until is None or time.monotonic() >= until:
             break
     out(format_rows(rows))
-    failed = [r for r in rows if not r[2].ok]
-    for topology, nemesis, report in failed:
+    broken = [r for r in rows if failed(r[0], r[2])]
+    for topology, nemesis, report in broken:
         out(f"FAILED {topology} {nemesis}: {report}")
         for a, b in report.overlaps[:5]:
             out(f"  overlap on {a.name}: {a.who} token {a.token} [{a.start:.3f}, {a.end}] ({a.cause}) and "
                 f"{b.who} token {b.token} [{b.start:.3f}, {b.end}] ({b.cause})")
-    return 1 if failed else 0
+    return 1 if broken else 0
 
 
 if __name__ == "__main__":
