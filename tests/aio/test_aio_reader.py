@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import pytest
 import redis
@@ -55,15 +55,29 @@ class _NeverConnects:
         pass
 
 
-def test_a_reader_that_never_connected_gives_up_when_nobody_waits() -> None:
+def _dispatcher(swallow: bool = False) -> Tuple[AsyncDispatcher, List[_NeverConnects]]:
+    """A dispatcher on connections that never connect, and the list of those it opened.
+    ``swallow``: every connection after the first (the join's) swallows a cancellation."""
     opened: List[_NeverConnects] = []
 
     def opener() -> _NeverConnects:
-        opened.append(_NeverConnects())
+        opened.append(_NeverConnects(swallow=swallow and bool(opened)))
         return opened[-1]
 
+    return AsyncDispatcher(opener), opened
+
+
+async def _started_over(opened: List[_NeverConnects]) -> None:
+    """Until the reader has opened a second connection and sent SUBSCRIBE on it."""
+    deadline = asyncio.get_running_loop().time() + BOUND
+    while len(opened) < 2 or opened[1].subscribes == 0:
+        assert asyncio.get_running_loop().time() < deadline, "the reader never started over"
+        await asyncio.sleep(0.01)
+
+
+def test_a_reader_that_never_connected_gives_up_when_nobody_waits() -> None:
     async def body() -> None:
-        dispatcher = AsyncDispatcher(opener)
+        dispatcher, opened = _dispatcher()
         waiter = await dispatcher.join("distlock:{reader}:wake:x", 0.05)
         task = dispatcher.task
         assert task is not None and opened[0].subscribes == 1  # the join's SUBSCRIBE failed
@@ -78,22 +92,12 @@ def test_a_reader_that_never_connected_gives_up_when_nobody_waits() -> None:
 
 
 def test_a_reader_that_never_connected_starts_over_while_a_task_waits() -> None:
-    opened: List[_NeverConnects] = []
-
-    def opener() -> _NeverConnects:
-        opened.append(_NeverConnects())
-        return opened[-1]
-
     async def body() -> None:
-        dispatcher = AsyncDispatcher(opener)
+        dispatcher, opened = _dispatcher()
         waiter = await dispatcher.join("distlock:{reader}:wake:y", 0.05)
         try:
-            # the reader opens a new connection and subscribes again, instead of waiting for
-            # the first one for ever
-            deadline = asyncio.get_running_loop().time() + BOUND
-            while len(opened) < 2 or opened[1].subscribes == 0:
-                assert asyncio.get_running_loop().time() < deadline, "the reader never started over"
-                await asyncio.sleep(0.01)
+            # a new connection, subscribed again, instead of waiting for the first for ever
+            await _started_over(opened)
         finally:
             dispatcher.leave(waiter, False)
             dispatcher.close()
@@ -105,24 +109,15 @@ def test_a_reader_that_never_connected_starts_over_while_a_task_waits() -> None:
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling() is new in 3.11")
 def test_a_cancelled_reader_ends_even_if_the_cancellation_was_swallowed() -> None:
-    opened: List[_NeverConnects] = []
-
-    def opener() -> _NeverConnects:
-        # the first connection (the join's) fails at once; the reader's own SUBSCRIBE on the
-        # next one hangs, and turns the cancellation into a TimeoutError
-        opened.append(_NeverConnects(swallow=bool(opened)))
-        return opened[-1]
-
     async def body() -> None:
-        dispatcher = AsyncDispatcher(opener)
+        # the join's connection fails at once; the reader's own SUBSCRIBE on the next one
+        # hangs, and turns the cancellation into a TimeoutError
+        dispatcher, opened = _dispatcher(swallow=True)
         waiter = await dispatcher.join("distlock:{reader}:wake:z", 0.05)
         task = dispatcher.task
         assert task is not None
         try:
-            deadline = asyncio.get_running_loop().time() + BOUND
-            while len(opened) < 2 or opened[1].subscribes == 0:
-                assert asyncio.get_running_loop().time() < deadline, "no second SUBSCRIBE"
-                await asyncio.sleep(0.01)
+            await _started_over(opened)
             task.cancel()  # as asyncio.run does to the tasks left when its main one ends
             done, _ = await asyncio.wait([task], timeout=BOUND)
             assert done, "the reader outlived its cancellation"
