@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 import redis
+import redis.asyncio.connection
 
 from .._core.settings import settings
 from .pubsub import TICK, Board, Waiter
@@ -55,6 +56,10 @@ class AsyncDispatcher(Board):
                 except (redis.RedisError, asyncio.TimeoutError) as exc:
                     # the reader reconnects and subscribes again; meanwhile the waiter polls
                     log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
+                if self._pubsub is not pubsub:
+                    # the reader started over meanwhile: the connection this join opened is
+                    # nobody's (the reader closed it before it had connected)
+                    await close_quietly(pubsub)
             if bound is None or bound > 0:
                 cap = settings().wait_cap
                 await waiter.channel.confirmed.wait(cap if bound is None else min(bound, cap))
@@ -79,7 +84,6 @@ class AsyncDispatcher(Board):
     async def _loop(self) -> None:
         backoff = 0.05
         pubsub = self._pubsub
-        unconnected_since: Optional[float] = None
         try:
             while not self.closed:
                 _raise_if_cancelled()
@@ -90,17 +94,15 @@ class AsyncDispatcher(Board):
                         async with self._io:  # type: ignore[union-attr]
                             await pubsub.subscribe(*names)
                     if pubsub.connection is None:
-                        # Not connected: redis-py's get_message would raise. A SUBSCRIBE may be
-                        # on its way (a waiter's join): look again soon. But not for ever: a
-                        # join whose SUBSCRIBE failed before it connected leaves no connection
-                        # to come, and a channel nobody waits for any more is given up below.
-                        now = time.monotonic()
-                        if unconnected_since is None:
-                            unconnected_since = now
-                        if now - unconnected_since < TICK:
+                        # Not connected: redis-py's get_message would raise. A waiter's join
+                        # may be connecting, to send the first SUBSCRIBE: it holds the I/O lock
+                        # for as long (however slow the connect). Look again soon.
+                        if self._io.locked():  # type: ignore[union-attr]
                             await asyncio.sleep(0.002)
                             continue
-                        unconnected_since = None
+                        # Nothing is on its way: the join's SUBSCRIBE failed before it
+                        # connected (the reader's own has failed or succeeded by now). While
+                        # someone waits, start over; else give the channels up, below.
                         if self.busy():
                             raise redis.ConnectionError("the pub/sub connection never connected")
                         with self.mutex:  # no SUBSCRIBE is on its way on it: the channels are
@@ -108,7 +110,6 @@ class AsyncDispatcher(Board):
                         await asyncio.sleep(TICK)  # as redis-py's get_message does unsubscribed
                         message = None
                     else:
-                        unconnected_since = None
                         message = await pubsub.get_message(timeout=TICK)
                     backoff = 0.05
                 except Exception as exc:  # noqa: BLE001 - the reader must outlive any failure
@@ -198,11 +199,21 @@ class Flag:
                 self._waiting.remove(fut)
 
 
+#: Whether redis-py times its reads with the standard library's ``asyncio.timeout``, which
+#: takes back its own cancellation (``uncancel``) on the way out: then ``Task.cancelling()``
+#: counts only the cancellations of others. (The ``async-timeout`` package it uses before
+#: 3.11.3 does not in every version: there an idle read that timed out would look cancelled.)
+_CANCELLING_IS_TRUSTED = getattr(redis.asyncio.connection, "async_timeout", None) is getattr(
+    asyncio, "timeout", object())
+
+
 def _raise_if_cancelled() -> None:
     """Raise CancelledError if this task was cancelled and something swallowed it (3.11+ can
     tell: ``Task.cancelling``). A CancelledError that meets a timeout expiring at the same
     moment can come out as a TimeoutError, which the reader shrugs off as a network failure:
     it must still end, or ``asyncio.run`` waits for it for ever when it cancels what is left."""
+    if not _CANCELLING_IS_TRUSTED:
+        return
     task = asyncio.current_task()
     cancelling = getattr(task, "cancelling", None)
     if cancelling is not None and cancelling():

@@ -188,6 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     plan.until = float(sys.stdin.readline())
     if plan.shell == "asyncio":
         asyncio.run(_run_tasks(plan))
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the closed loop gave it back its default
         return 0
     return _run_threads(plan)
 

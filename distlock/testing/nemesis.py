@@ -157,9 +157,10 @@ class _Workers:
             try:
                 status = proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                # its stacks into its log before it goes: its tasks' (SIGUSR2, asyncio
-                # workers), then its threads' (SIGUSR1, faulthandler)
-                for sig in (signal.SIGUSR2, signal.SIGUSR1):
+                # its stacks into its log before it goes: its threads' (SIGUSR1,
+                # faulthandler), then its tasks' (SIGUSR2, asyncio workers; after the loop
+                # closed, SIGUSR2 would end the worker, hence second)
+                for sig in (signal.SIGUSR1, signal.SIGUSR2):
                     proc.send_signal(sig)
                     time.sleep(0.3)
                 proc.kill()

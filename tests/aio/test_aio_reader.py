@@ -1,4 +1,5 @@
-"""The asyncio pub/sub reader ends when it should, whatever its connection did.
+"""The asyncio pub/sub reader ends when it should, whatever its connection did, and does not
+start over on a connection that is only slow.
 
 Both were found by the nemesis (``python -m distlock.testing.nemesis --topology redlock
 --shell asyncio --nemesis partition``): after a partition, a worker's ``asyncio.run`` never
@@ -10,6 +11,10 @@ returned, because the reader task it cancelled at the end went on running.
 - A cancellation that a library turned into another error (3.11's timeouts can, when a timeout
   expires as the task is cancelled) was shrugged off as a network failure: the reader must end
   all the same.
+
+- And the other way round: a first connection that takes longer than the reader's poll to
+  connect is not taken for a failed one (a Sentinel lookup, TLS, a busy pool): no second
+  connection, no warning.
 
 A fake PubSub plays the connection, so that each case is exact; the bounds are hang bounds.
 """
@@ -53,6 +58,45 @@ class _NeverConnects:
 
     async def aclose(self) -> None:
         pass
+
+
+class _SlowToConnect(_NeverConnects):
+    """Its SUBSCRIBE connects after ``delay`` seconds, and then works."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def subscribe(self, *names: str) -> None:
+        self.subscribes += 1
+        await asyncio.sleep(self.delay)
+        self.connection = object()
+
+    async def get_message(self, timeout: float = 0.0) -> None:
+        await asyncio.sleep(timeout)
+
+
+def test_a_slow_first_connection_is_waited_for_not_replaced() -> None:
+    opened: List[_NeverConnects] = []
+
+    def opener() -> _NeverConnects:
+        opened.append(_SlowToConnect(0.3))  # three of the reader's ticks
+        return opened[-1]
+
+    async def body() -> None:
+        dispatcher = AsyncDispatcher(opener)
+        waiter = await dispatcher.join("distlock:{reader}:wake:slow", 0.0)
+        try:
+            await asyncio.sleep(0.5)  # a hang would show as a second connection, not as time
+            assert len(opened) == 1 and opened[0].subscribes == 1
+            assert dispatcher.reconnects == 0
+        finally:
+            dispatcher.leave(waiter, False)
+            dispatcher.close()
+            if dispatcher.task is not None:
+                await asyncio.wait([dispatcher.task], timeout=BOUND)
+
+    asyncio.run(body())
 
 
 def _dispatcher(swallow: bool = False) -> Tuple[AsyncDispatcher, List[_NeverConnects]]:
