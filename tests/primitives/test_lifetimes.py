@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 import unittest
 from typing import Any, Callable, List
 
@@ -293,6 +294,19 @@ def _alive() -> Any:
             [(s.id, list(s.holds)) for s in all_sessions()])
 
 
+def _why_failed(result: unittest.TestResult) -> str:
+    """A failed CPython test's tracebacks in full (a tuple of them was cut short in the
+    assertion's message), then what runs now, with the stack of each thread but this one."""
+    parts = [f"{test.id()}:\n{text}" for test, text in result.failures + result.errors]
+    frames = sys._current_frames()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and thread.ident in frames:
+            stack = "".join(traceback.format_stack(frames[thread.ident])[-6:])
+            parts.append(f"thread {thread.name}:\n{stack}")
+    parts.append(f"alive: {_alive()}")
+    return "\n".join(parts)
+
+
 def _run_cpython_suite(suite: unittest.TestSuite, at_least: int) -> None:
     """Run ``suite``: every test must pass, and its threads must end (see _cpython_suite)."""
     from test import support
@@ -310,7 +324,7 @@ def _run_cpython_suite(suite: unittest.TestSuite, at_least: int) -> None:
                 support.environment_altered = False
                 result = unittest.TestResult()
                 test.run(result)
-                assert result.wasSuccessful(), (result.failures + result.errors, _alive())
+                assert result.wasSuccessful(), _why_failed(result)
                 if not support.environment_altered:
                     break
             else:
