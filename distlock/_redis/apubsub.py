@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from typing import Any, Callable, List, Optional
 
@@ -199,12 +200,23 @@ class Flag:
                 self._waiting.remove(fut)
 
 
-#: Whether redis-py times its reads with the standard library's ``asyncio.timeout``, which
-#: takes back its own cancellation (``uncancel``) on the way out: then ``Task.cancelling()``
-#: counts only the cancellations of others. (The ``async-timeout`` package it uses before
-#: 3.11.3 does not in every version: there an idle read that timed out would look cancelled.)
-_CANCELLING_IS_TRUSTED = getattr(redis.asyncio.connection, "async_timeout", None) is getattr(
-    asyncio, "timeout", object())
+def _timeouts_take_back_their_cancellations() -> bool:
+    """Whether redis-py times its reads with the standard library's ``asyncio.timeout`` (3.11.3
+    and later), or with an ``async-timeout`` built on it (5.x, on 3.11), which take back their
+    own cancellation (``uncancel``) on the way out: then ``Task.cancelling()`` counts only the
+    cancellations of others. Older ``async-timeout`` releases do not in every version: there an
+    idle read that timed out would look cancelled."""
+    timeout = getattr(redis.asyncio.connection, "async_timeout", None)
+    standard = getattr(asyncio, "Timeout", None)
+    if timeout is None or standard is None:
+        return False
+    if timeout is getattr(asyncio, "timeout", None):
+        return True
+    made = getattr(sys.modules.get(getattr(timeout, "__module__", "")), "Timeout", None)
+    return isinstance(made, type) and issubclass(made, standard)
+
+
+_CANCELLING_IS_TRUSTED = _timeouts_take_back_their_cancellations()
 
 
 def _raise_if_cancelled() -> None:
