@@ -59,6 +59,14 @@ class _NeverConnects:
         pass
 
 
+async def _closed(dispatcher: AsyncDispatcher, waiter: Any) -> None:
+    """The waiter gone, the dispatcher closed, and its reader task ended."""
+    dispatcher.leave(waiter, False)
+    dispatcher.close()
+    if dispatcher.task is not None:
+        await asyncio.wait([dispatcher.task], timeout=BOUND)
+
+
 class _SlowToConnect(_NeverConnects):
     """Its SUBSCRIBE connects after ``delay`` seconds, and then works."""
 
@@ -90,10 +98,7 @@ def test_a_slow_first_connection_is_waited_for_not_replaced() -> None:
             assert len(opened) == 1 and opened[0].subscribes == 1
             assert dispatcher.reconnects == 0
         finally:
-            dispatcher.leave(waiter, False)
-            dispatcher.close()
-            if dispatcher.task is not None:
-                await asyncio.wait([dispatcher.task], timeout=BOUND)
+            await _closed(dispatcher, waiter)
 
     asyncio.run(body())
 
@@ -142,10 +147,7 @@ def test_a_reader_that_never_connected_starts_over_while_a_task_waits() -> None:
             # a new connection, subscribed again, instead of waiting for the first for ever
             await _started_over(opened)
         finally:
-            dispatcher.leave(waiter, False)
-            dispatcher.close()
-            if dispatcher.task is not None:
-                await asyncio.wait([dispatcher.task], timeout=BOUND)
+            await _closed(dispatcher, waiter)
 
     asyncio.run(body())
 
