@@ -48,7 +48,8 @@ from .history import History, Report, check_history
 from .proxy import FaultProxy
 from .server import RedisServer
 
-__all__ = ["NEMESES", "TOPOLOGIES", "PROMISES_TOKENS", "Phase", "run_phase", "failed", "main"]
+__all__ = ["NEMESES", "TOPOLOGIES", "PROMISES_TOKENS", "Phase", "applies", "run_phase", "failed",
+           "main"]
 
 NEMESES = ("none", "partition", "pause", "kill", "restart", "delay", "drop-replies",
            "minority-down")
@@ -58,6 +59,12 @@ TOPOLOGIES = ("server", "redlock")
 PROMISES_TOKENS = ("server",)
 #: How many masters the ``redlock`` topology runs (a minority of them is one).
 REDLOCK_MASTERS = 3
+
+
+def applies(nemesis: str, topology: str) -> bool:
+    """Whether ``nemesis`` can act on ``topology``: ``minority-down`` needs masters to take a
+    minority of (Redlock); every other nemesis acts on every topology."""
+    return nemesis != "minority-down" or topology == "redlock"
 
 
 class Phase:
@@ -72,7 +79,7 @@ class Phase:
             raise ValueError(f"shell must be 'threads' or 'asyncio', not {shell!r}")
         if topology not in TOPOLOGIES:
             raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, not {topology!r}")
-        if nemesis == "minority-down" and topology != "redlock":
+        if not applies(nemesis, topology):
             raise ValueError("minority-down needs the redlock topology (a minority of masters)")
         for what, value in (("processes", processes), ("threads", threads), ("names", names)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -199,30 +206,28 @@ class _Workers:
                     server.stop()
 
 
+def _for_a_while(proxies: List[FaultProxy], fault: Callable[[FaultProxy], object],
+                 span: float) -> None:
+    """Put ``fault`` on every one of ``proxies`` for ``span`` seconds, then heal them."""
+    for proxy in proxies:
+        fault(proxy)
+    time.sleep(span)
+    for proxy in proxies:
+        proxy.heal()
+
+
 def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, str]:
     """Do ``nemesis`` now; return (start, end, detail) of the fault."""
     span = 2 * lease
     victim = 0
     start = time.monotonic()
-    everyone = [proxy for proxies in workers.proxies for proxy in proxies]
     if nemesis == "partition":
-        for proxy in workers.proxies[victim]:
-            proxy.blackhole()
-        time.sleep(span)
-        for proxy in workers.proxies[victim]:
-            proxy.heal()
+        _for_a_while(workers.proxies[victim], FaultProxy.blackhole, span)
     elif nemesis == "drop-replies":
-        for proxy in workers.proxies[victim]:
-            proxy.drop_replies()
-        time.sleep(span)
-        for proxy in workers.proxies[victim]:
-            proxy.heal()
+        _for_a_while(workers.proxies[victim], FaultProxy.drop_replies, span)
     elif nemesis == "delay":
-        for proxy in everyone:
-            proxy.delay(lease * 1000 / 5)
-        time.sleep(span)
-        for proxy in everyone:
-            proxy.heal()
+        everyone = [proxy for proxies in workers.proxies for proxy in proxies]
+        _for_a_while(everyone, lambda proxy: proxy.delay(lease * 1000 / 5), span)
     elif nemesis == "pause":
         workers.procs[victim].send_signal(signal.SIGSTOP)
         time.sleep(span)
@@ -316,7 +321,7 @@ def main(argv: Optional[List[str]] = None,
     try:
         phases = [Phase(n, args.processes, args.threads, args.names, args.lease,
                         args.seconds, s, t) for t in topologies for s in shells for n in nemeses
-                  if n != "minority-down" or t == "redlock"]
+                  if applies(n, t)]
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     if not phases:

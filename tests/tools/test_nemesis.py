@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from distlock.testing.nemesis import NEMESES, Phase, failed, format_rows, run_phase
+from distlock.testing.nemesis import NEMESES, Phase, applies, failed, format_rows, run_phase
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.slow]
 
@@ -30,7 +30,7 @@ REDLOCK_SECONDS = 3.0
 
 
 @pytest.mark.parametrize("shell", ["threads", "asyncio"])
-@pytest.mark.parametrize("nemesis", [n for n in NEMESES if n != "minority-down"])
+@pytest.mark.parametrize("nemesis", [n for n in NEMESES if applies(n, "server")])
 def test_a_short_schedule_keeps_what_safety_promises(nemesis: str, shell: str,
                                                      url: str) -> None:
     # ``url``: the test server is real (the nemesis starts servers of its own from the same
