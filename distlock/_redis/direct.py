@@ -4,7 +4,7 @@ docs/design.rst, principle 13), bounded where the connection has no socket timeo
 (principle 14). Also the helpers the executors and the asyncio ports share for redis-py's
 pools: ``taker`` (how this redis-py version lends a connection), ``packer`` (RESP for the
 argument types the scripts pass), and the watchdog's look at its idle connections
-(``closed_idle``)."""
+(``closed_idle``, ``idle_sockets``)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def closed_idle(pool: Any, seen: Any) -> bool:
         except (OSError, ValueError):
             seen.add(sock)
             found = True
+    return found
+
+
+def idle_sockets(pool: Any, seen: Any) -> List[Any]:
+    """The sockets of ``pool``'s idle connections that ``seen`` does not hold (``closed_idle``'s
+    candidates): what the watchdog thread waits on, so that a server that closes one wakes it
+    at once (``_session.wakeup``)."""
+    found = []
+    for conn in list(getattr(pool, "_available_connections", ()) or ()):
+        sock = getattr(conn, "_sock", None)
+        if sock is not None and sock not in seen:
+            found.append(sock)
     return found
 
 

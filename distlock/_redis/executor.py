@@ -48,7 +48,7 @@ from redis.commands.core import Script
 
 from .._core.settings import settings
 from .clients import DEFAULT_IO_TIMEOUT, renewer
-from .direct import closed_idle, disconnect_quietly, pair_sender, sender, taker, unbounded
+from .direct import closed_idle, disconnect_quietly, idle_sockets, pair_sender, sender, taker, unbounded
 from .failpoints import FailPoints
 from .scripts import locate, script_names, script_source
 
@@ -253,6 +253,15 @@ class Executor:
         found = False
         for pool in self._renewal_pools():
             found = closed_idle(pool, self._reset_seen) or found
+        return found
+
+    def renewal_sockets(self) -> List[Any]:
+        """The sockets ``renewal_reset`` would look at: the watchdog thread's wait ends when
+        one turns readable, so that a server that closes it is seen at once, not at the
+        thread's next look. No I/O."""
+        found: List[Any] = []
+        for pool in self._renewal_pools():
+            found += idle_sockets(pool, self._reset_seen)
         return found
 
     def _renewal_pools(self) -> List[Any]:

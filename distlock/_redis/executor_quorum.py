@@ -347,6 +347,10 @@ class QuorumExecutor(FanOut, Executor):
         """Never: a quorum outlives one master's restart (it sits out a lease instead)."""
         return False
 
+    def renewal_sockets(self) -> List[Any]:
+        """None to wait on (``renewal_reset``)."""
+        return []
+
     def drop_renewal(self) -> None:
         pass  # the masters' twins serve every kind of traffic: closed with the session
 

@@ -39,7 +39,7 @@ class Hold:
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
         "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
-        "pending", "acks", "suspended", "ran_out",
+        "pending", "acks", "suspended", "ran_out", "unbelieved_at",
         "__weakref__",
     )
 
@@ -88,11 +88,20 @@ class Hold:
         #: its local deadline passed before anything else ended it (``lost`` is set too): the
         #: thread still holds it in ``threading``'s sense until it releases (``_is_owned``)
         self.ran_out = False
+        #: when (time.monotonic()) belief in it ended by a suspension or a loss; 0.0 while it
+        #: is believed (a deadline that passed ends it at ``expires_at``). The nemesis records
+        #: a belief's end from it (``distlock.testing``)
+        self.unbelieved_at = 0.0
 
     def believed(self) -> bool:
         """True while the holder may believe it holds: not lost, not suspended, and before its
-        local deadline (the belief rule, above). No round trip."""
-        return not self.lost and not self.suspended and time.monotonic() < self.expires_at
+        local deadline (the belief rule, above). No round trip: a non-blocking look at the
+        watchdog's idle connection (``Watchdog.look_for_reset``) suspends the hold here if its
+        server has closed it since the watchdog thread last looked."""
+        if self.lost or self.suspended or time.monotonic() >= self.expires_at:
+            return False
+        self.session.watchdog.look_for_reset()
+        return not self.lost and not self.suspended
 
     def valid_for_if_confirmed(self) -> float:
         """``valid_for`` as it would be were the hold not suspended (what a confirmation may
@@ -102,6 +111,4 @@ class Hold:
     def valid_for(self) -> float:
         """Seconds for which the hold is still known to be valid (0.0 once it is not believed).
         No round trip."""
-        if self.lost or self.suspended:
-            return 0.0
-        return max(0.0, self.expires_at - time.monotonic())
+        return max(0.0, self.expires_at - time.monotonic()) if self.believed() else 0.0

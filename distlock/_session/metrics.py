@@ -143,14 +143,17 @@ class Meter:
             series.lost += 1
 
 
-def renewed(series: Series, ok: int, failed: int, seconds: Optional[float]) -> None:
-    """A watchdog round renewed ``ok`` holds of ``series`` and failed ``failed``; its round
-    trip took ``seconds`` (None when it never came back)."""
-    with series.lock:
-        series.renewals += ok
-        series.renew_failures += failed
-        if seconds is not None:
-            series.renew.observe(seconds)
+def renewed(tally: Dict[Any, List[int]], seconds: Optional[float]) -> None:
+    """A watchdog round's renewals: per series (None: a hold without one), ``[renewed,
+    failed]``; its round trip took ``seconds`` (None when it never came back)."""
+    for series, (ok, failed) in tally.items():
+        if series is None:
+            continue
+        with series.lock:
+            series.renewals += ok
+            series.renew_failures += failed
+            if seconds is not None:
+                series.renew.observe(seconds)
 
 
 # --- the registry ----------------------------------------------------------------------------

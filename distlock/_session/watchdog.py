@@ -17,7 +17,9 @@ turns False, ``release()`` raises LockLostError. A renewal that comes back after
 reported lost gives the hold back, since nobody believes it any more.
 
 A connection to the server that was reset (``suspend``) suspends belief in every hold until a
-renewal confirms it (it is believed again) or finds it gone (it is lost).
+renewal confirms it (it is believed again) or finds it gone (it is lost). The thread also waits
+on the watchdog's idle connection (``_session.wakeup``), and every belief check peeks at it
+(``look_for_reset``): no hold is believed once its server's FIN has arrived.
 
 The thread starts with the first hold (or deferred task) and exits after ``IDLE_EXIT`` seconds
 with neither; it starts again on demand.
@@ -39,6 +41,7 @@ from .._core.replicas import batch_wait, renewal_counts
 from .._core.settings import settings
 from .hold import Hold
 from .metrics import renewed
+from .wakeup import Wakeup
 from .worker import Worker
 
 __all__ = ["Hold", "Watchdog", "IDLE_EXIT"]
@@ -67,7 +70,9 @@ class Watchdog:
         self.mutex = threading.Lock()
         self.holds: Dict[Tuple[str, str], Hold] = {}
         self._thread: Optional[threading.Thread] = None
-        self._kick = threading.Event()
+        self._kick = Wakeup()
+        #: an idle socket ended the last wait but was not closed: the next wait leaves them out
+        self._quiet_sockets = False
         #: clean-up round trips that must not delay the caller (see ``defer``)
         self._deferred: Deque[Callable[[], object]] = collections.deque()
         #: tasks for later: a heap of (when, sequence, task), on time.monotonic()'s clock
@@ -107,6 +112,7 @@ class Watchdog:
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
             log.debug("distlock: could not open the watchdog's connection: %r", exc)
         self._drop_if_stale()
+        self._kick.set()  # the thread's wait takes the new socket in
 
     def _drop_if_stale(self) -> None:
         """After I/O on the renewals worker that may have made the watchdog's connection: close
@@ -222,6 +228,7 @@ class Watchdog:
                 # that none starts while it is being closed.
                 if self._thread is None:
                     self._drop_renewer()
+                    self._kick.close()  # the next thread makes its own
 
     def _run(self) -> None:
         last_round = time.monotonic()
@@ -247,9 +254,8 @@ class Watchdog:
                     else:
                         idle_since = None
                     self._idle = idle_since is not None
-                # Look again at least every TICK, so that the thread notices its last hold is
-                # gone without the release having to wake it (that would cost every release a
-                # thread switch); and at the earliest deadline, to end belief in it on time.
+                # Look again every TICK (a release that dropped the last hold need not wake it:
+                # that costs a thread switch), and at the earliest deadline, to end belief on time.
                 wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
                 timed = self._timed
                 if timed:
@@ -257,14 +263,16 @@ class Watchdog:
                 deadline = self._earliest_deadline()
                 if deadline is not None:
                     wait = min(wait, deadline - now)
-                self._kick.wait(max(0.0, wait))
+                by_socket = self._kick.wait(max(0.0, wait), self._watched())
                 self._kick.clear()
                 if self.closed:
                     return
                 self._expire_due()
                 self._hand_off_chores()
-                if self.holds and self._executor().renewal_reset():
+                reset = bool(self.holds) and self._executor().renewal_reset()
+                if reset:
                     self.suspend("the server closed the watchdog's connection")
+                self._quiet_sockets = by_socket and not reset
                 if self._round_busy:
                     continue  # one round at a time; its end wakes the thread
                 if not self._confirm and time.monotonic() < renew_at:
@@ -277,6 +285,27 @@ class Watchdog:
                 retry_after = min(1.0, settings().renew_interval)
                 last_round = time.monotonic()
                 time.sleep(min(TICK, retry_after))  # never a hot loop
+
+    def _watched(self) -> List[Any]:
+        """The idle sockets the thread's wait also ends on, while there are holds to suspend."""
+        if not self.holds or self._quiet_sockets:
+            return []
+        try:
+            return list(self._executor().renewal_sockets())
+        except Exception:  # noqa: BLE001 - the thread still looks every TICK
+            return []
+
+    def look_for_reset(self) -> None:
+        """A belief check's own look (``Hold.believed``): a server that closed the watchdog's
+        idle connection suspends belief now. No I/O: a non-blocking peek, microseconds."""
+        if self.closed or not self.holds:
+            return
+        try:
+            reset = self._executor().renewal_reset()
+        except Exception:  # noqa: BLE001 - the thread looks again; a check never fails
+            return
+        if reset:
+            self.suspend("the server closed the watchdog's connection")
 
     def _round(self) -> None:
         """One renewal round, on the ``renewals`` worker; its end wakes the watchdog thread."""
@@ -329,8 +358,10 @@ class Watchdog:
         """The connection to this session's server was reset (``why``): stop believing every
         hold until a renewal round, started at once, confirms it or finds it gone."""
         suspended = 0
+        now = time.monotonic()
         for hold in list(self.holds.values()):
             if not hold.lost and not hold.suspended:
+                hold.unbelieved_at = now
                 hold.suspended = True
                 suspended += 1
         if suspended:
@@ -401,7 +432,7 @@ class Watchdog:
             failures: Dict[Any, List[int]] = {}
             for hold in holds:
                 failures.setdefault(hold.meter.series if hold.meter is not None else None, [0, 0])[1] += 1
-            _record_renewals(failures, None)
+            renewed(failures, None)
             self._expire(holds, exc)
             return retry
         rtt = time.monotonic() - sent_at
@@ -435,13 +466,14 @@ class Watchdog:
                     hold.lease_ms = lease_ms
                     hold.expires_at = sent_at + lease_ms / 1000.0 - executor.margin(lease_ms)
                 hold.suspended = False
+                hold.unbelieved_at = 0.0
             elif outcome is ENDED:
                 self.drop(hold)  # ended without a loss (a permit released on our behalf)
             else:
                 counts[1] += 1
                 if not hold.releasing and self.registered(hold):
                     self._on_lost(hold, "a renewal found it gone or someone else's")
-        _record_renewals(tally, rtt)
+        renewed(tally, rtt)
         if late:
             self._give_back_lost(late)
         if unacked:
@@ -486,10 +518,3 @@ class Watchdog:
         self.renewals.close(join)
         self.chores.close(join)
         self._drop_renewer()
-
-
-def _record_renewals(tally: Dict[Any, List[int]], rtt: Optional[float]) -> None:
-    """One watchdog round's renewals, into each primitive's series (see ``_session.metrics``)."""
-    for series, (ok, failed) in tally.items():
-        if series is not None:
-            renewed(series, ok, failed, rtt)

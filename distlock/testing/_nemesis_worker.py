@@ -74,8 +74,21 @@ def _believing(plan: _Plan, lock: Any, name: str, token: Optional[int]) -> Itera
     now = time.monotonic()
     if now >= deadline:
         plan.history.end(hold, "deadline", at=max(deadline, hold.start))
+    elif cause == "lost":
+        plan.history.end(hold, cause, at=max(_unbelieved_at(lock, now), hold.start))
     else:
         plan.history.end(hold, cause, at=now)
+
+
+def _unbelieved_at(lock: Any, now: float) -> float:
+    """When distlock stopped believing the lock's hold (suspended on a reset connection, or
+    lost), which a holder that looks only between its writes sees up to a pause late: the
+    hold's own record (``Hold.unbelieved_at``); ``now`` if it has none."""
+    try:
+        hold = lock._current(lock._session())  # distlock's own tool may look inside
+    except Exception:  # noqa: BLE001 - released meanwhile: the holder's own look is the end
+        return now
+    return min(now, getattr(hold, "unbelieved_at", 0.0) or now)
 
 
 def _thread_loop(plan: _Plan, client: Any, failures: List[BaseException]) -> None:

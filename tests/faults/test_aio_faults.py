@@ -360,6 +360,31 @@ def test_3_first_acquire_after_a_restart_succeeds_as_in_threads(backend: Any, ur
     assert aio.call(once) is True
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_3_a_restart_ends_an_async_holds_belief_at_the_first_check(
+        backend: Any, url: str, aio: Any, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """test_faults' ``test_a_restart_ends_belief_at_the_first_check_after_it``, for a task: its
+    hold lives in the blocking session of the same server, whose watchdog connection the
+    check peeks at, so the first check after the restart says "not held" (the watchdog thread
+    is kept from looking)."""
+    from test_faults import _watchdog_connection_idle
+
+    from distlock._session import watchdog as watchdog_module
+
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    lock = make_async(kind, _unique(f"as3b-{kind}"), aio.client(url))
+    assert aio.call(lambda: lock.acquire(timeout=10)) is True
+    session = aio.call(lock._session)  # the asyncio port's, in its loop: the blocking one
+    monkeypatch.setattr(watchdog_module, "TICK", 60.0)
+    monkeypatch.setattr(session.watchdog, "_watched", lambda: [])
+    _watchdog_connection_idle(session)
+    assert aio.call(lock.owned) is True
+    faults.restart_server(backend)
+    assert aio.call(lambda: (lock.owned(), lock.token, lock.valid_for())) == (False, None, 0.0)
+    with pytest.raises(LockLostError):
+        aio.call(lock.release)
+
+
 # --- 4. the pub/sub connection is killed while tasks wait -------------------------------------
 
 @pytest.mark.parametrize("how", PUBSUB_FAULTS)

@@ -34,6 +34,7 @@ from redis.retry import Retry
 
 import distlock
 from distlock import LockLostError, LockNotOwnedError
+from distlock._session import watchdog as watchdog_module
 from distlock._session.session import reset_sessions, session_for
 from distlock.testing.server import RedisServer
 
@@ -1220,6 +1221,65 @@ def test_a_restart_suspends_belief_before_the_next_renewal(backend: Any, client:
         assert other.wait(), "the rival never got the lock"
     finally:
         other.done()
+    with pytest.raises(LockLostError):
+        lock.release()
+
+
+def _watchdog_connection_idle(session: Any) -> None:
+    """Wait until the session's watchdog has its own connection open and idle (it opens with
+    the first hold, off the caller's path)."""
+    assert faults.wait_until(lambda: bool(session.executor.renewal_sockets()), 10.0), \
+        "the watchdog's own connection never opened"
+    # The thread's wait from before the test patched TICK ends within the old TICK: after
+    # that it is in the long one. (If it is not yet, on a loaded machine, it may see the
+    # restart first: the test still passes, it just proves less.)
+    time.sleep(0.3)
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_a_restart_ends_belief_at_the_first_check_after_it(
+        backend: Any, client: Any, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The old server is dead and reaped before the new one can grant anything, and its FIN
+    reached the holder's kernel with its death: the first belief check after that says "not
+    held", whatever the watchdog thread is doing. Here that thread is kept from looking (no
+    wait on the socket, a TICK of a minute), so that only the check can see it; before the
+    check looked for itself, the holder believed until the thread's next look (up to 0.1 s),
+    and the nemesis counted two believers after a restart."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    lock = make(kind, f"belief-check-restart-{kind}", client)
+    assert lock.acquire(timeout=10)
+    session = session_for(client)
+    monkeypatch.setattr(watchdog_module, "TICK", 60.0)
+    monkeypatch.setattr(session.watchdog, "_watched", lambda: [])
+    _watchdog_connection_idle(session)
+    assert lock.owned()
+    faults.restart_server(backend)
+    assert not lock.owned() and lock.token is None and lock.valid_for() == 0.0
+    (hold,) = list(session.watchdog.holds.values())
+    assert 0.0 < hold.unbelieved_at <= time.monotonic()
+    with pytest.raises(LockLostError):
+        lock.release()
+
+
+@pytest.mark.real_redis
+def test_the_watchdog_thread_sees_a_restart_when_the_kernel_does(
+        backend: Any, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog thread waits on its idle connection's socket, not only on a timer: with its
+    periodic look a minute away and no renewal due for 10 s, it still suspends the hold after a
+    restart, nobody having asked (``hold.suspended`` is read directly: ``owned()`` would look
+    by itself)."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    lock = distlock.DistLock("belief-thread-restart", client=client)
+    assert lock.acquire(timeout=10)
+    session = session_for(client)
+    monkeypatch.setattr(watchdog_module, "TICK", 60.0)
+    _watchdog_connection_idle(session)
+    (hold,) = list(session.watchdog.holds.values())
+    faults.restart_server(backend)
+    assert faults.wait_until(lambda: hold.suspended or hold.lost, 5.0), \
+        "the watchdog thread did not wake on the closed connection"
+    assert not lock.owned()
     with pytest.raises(LockLostError):
         lock.release()
 

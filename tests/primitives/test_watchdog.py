@@ -7,6 +7,8 @@ end the thread for good, leaving every hold unrenewed and none of them reported 
 
 from __future__ import annotations
 
+import socket
+import threading
 from typing import Any, List
 
 import pytest
@@ -14,6 +16,7 @@ from _support import renewals_seen, until
 
 import distlock
 from distlock import DistLock, DistRLock
+from distlock._session.wakeup import Wakeup
 from distlock._session.watchdog import Watchdog
 
 #: Leases long enough that a loaded machine's late renewal is not taken for a missing one: the
@@ -86,3 +89,63 @@ def test_configure_shortening_the_lease_applies_to_a_running_watchdog(client: An
             renewed(client, "distlock:{wd-short}")
             assert lock.owned() and not lost
         assert not lost
+
+
+# --- Wakeup: the thread's wait, on its kick and on its idle connection's socket ---------------
+
+
+def test_a_wakeup_set_before_the_wait_ends_it_at_once() -> None:
+    wakeup = Wakeup()
+    try:
+        wakeup.set()
+        assert wakeup.is_set() and wakeup.wait(60.0) is False  # the kick, not a socket
+        wakeup.clear()
+        assert not wakeup.is_set() and wakeup.wait(0.0) is False
+    finally:
+        wakeup.close()
+
+
+def test_a_wakeup_set_from_another_thread_ends_a_wait() -> None:
+    wakeup = Wakeup()
+    timer = threading.Timer(0.05, wakeup.set)
+    try:
+        timer.start()
+        assert wakeup.wait(60.0) is False and wakeup.is_set()
+    finally:
+        timer.cancel()
+        wakeup.close()
+
+
+def test_a_wakeup_ends_when_a_watched_socket_closes() -> None:
+    """The server's FIN makes the idle socket readable: the wait ends, and says a socket did;
+    a socket closed under the wait (another thread dropped the connection) makes it a plain
+    wait, never an error."""
+    wakeup = Wakeup()
+    ours, theirs = socket.socketpair()
+    try:
+        assert wakeup.wait(0.01, [ours]) is False  # nothing yet: the timeout ends it
+        theirs.close()
+        assert wakeup.wait(60.0, [ours]) is True
+        ours.close()
+        assert wakeup.wait(0.01, [ours]) is False
+    finally:
+        ours.close()
+        theirs.close()
+        wakeup.close()
+
+
+def test_a_closed_wakeup_makes_a_new_pair_for_the_next_thread() -> None:
+    wakeup = Wakeup()
+    assert wakeup.wait(0.0) is False
+    wakeup.close()
+    wakeup.close()  # idempotent
+    wakeup.set()  # no pair: the flag alone, which the next wait sees
+    assert wakeup.wait(60.0) is False
+    wakeup.clear()
+    timer = threading.Timer(0.05, wakeup.set)
+    try:
+        timer.start()
+        assert wakeup.wait(60.0) is False
+    finally:
+        timer.cancel()
+        wakeup.close()

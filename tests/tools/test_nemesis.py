@@ -3,10 +3,9 @@ schedule of every nemesis, checked by ``check_history``.
 
 What docs/safety.rst promises on one server: tokens increase in grant order and the fenced store
 takes no stale write under every nemesis; no two processes, threads or tasks believe they hold
-one name at once under every nemesis but a restart without persistence. There the session stops
-believing a fraction of a second after it sees the reset (docs/safety.rst, "A broken connection
-suspends belief"), and the fresh server may grant the name inside that window: those overlaps are
-counted and printed here, not yet asserted away (see the CHANGELOG).
+one name at once under every nemesis, a restart without persistence included: the session stops
+believing when the server's FIN arrives, before the fresh server can grant anything
+(docs/safety.rst, "A broken connection suspends belief").
 
 Only the nemesis' own servers and proxies on 127.0.0.1 get traffic; each phase is bounded.
 """
@@ -41,8 +40,7 @@ def test_a_short_schedule_keeps_what_safety_promises(nemesis: str, shell: str,
     assert report.holds > 0 and report.writes > 0
     assert report.token_regressions == [], report
     assert report.stale_writes == [], report
-    if nemesis != "restart":
-        assert report.overlaps == [], report
+    assert report.overlaps == [], report
     if nemesis != "none":
         (fault, recovery), = report.recoveries
         assert fault.kind == nemesis and recovery is not None  # the lock was taken again
