@@ -13,6 +13,8 @@
   ``check_history`` reports overlapping beliefs, tokens that went backwards, stale writes the
   fenced store took, and how long the lock took to be taken again after each fault.
 - ``FencedStore`` takes a write only with a token at least as large as the largest it took.
+- ``write_timeline`` draws a history: a self-contained HTML file, a row per process, thread
+  or task, beliefs as bars, writes as ticks, faults shaded, overlaps outlined in red.
 - ``python -m distlock.testing.nemesis`` (``distlock.testing.nemesis``) runs worker processes
   against a private server under faults, records their beliefs and fenced writes, and checks
   the record.
@@ -26,9 +28,11 @@ from .fenced import FencedStore
 from .history import BELIEF_ENDS, Fault, History, Hold, Report, Write, check_history
 from .proxy import DIRECTIONS, FaultProxy
 from .server import RedisServer, free_port, redis_server_binary
+from .timeline import timeline_html, write_timeline
 
 __all__ = [
     "RedisServer", "free_port", "redis_server_binary",
     "FaultProxy", "DIRECTIONS", "FencedStore",
     "History", "Hold", "Write", "Fault", "Report", "check_history", "BELIEF_ENDS",
+    "timeline_html", "write_timeline",
 ]

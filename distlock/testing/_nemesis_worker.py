@@ -22,18 +22,22 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
+import redis.sentinel
 
-from distlock._core.errors import QuorumError
+from distlock._core.errors import NotEnoughReplicasError, QuorumError
 
 from .fenced import FencedStore
 from .history import History
+from .sentinel import aclose_sentinel
 
 __all__ = ["main"]
 
 #: What a worker shrugs off and tries again after: the server or the network failed it (or,
-#: under Redlock, too few masters answered).
+#: under Redlock, too few masters answered; under Sentinel with ``min_replicas``, too few
+#: replicas acknowledged; a sentinel named no master: MasterNotFoundError is a ConnectionError).
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError,
-              QuorumError)
+              QuorumError, NotEnoughReplicasError)
 
 
 class _Plan:
@@ -48,6 +52,18 @@ class _Plan:
         self.store = FencedStore(config["store"])
         self.shell: str = config.get("shell", "threads")
         self.writes = int(config.get("writes", 3))
+        #: Sentinel: the sentinels' addresses, and each data node's address -> this worker's
+        #: proxy of it (``_remapped``); None on the other topologies
+        self.sentinels: Optional[List[List[Any]]] = config.get("sentinels")
+        self.remap = {(h, int(p)): (ph, int(pp)) for h, p, ph, pp in config.get("remap", [])}
+        #: the locks' ``min_replicas`` (Sentinel), or None
+        self.min_replicas: Optional[int] = config.get("min_replicas")
+
+    def lock_options(self) -> Dict[str, Any]:
+        options: Dict[str, Any] = {"lease": self.lease}
+        if self.min_replicas is not None:
+            options.update(min_replicas=self.min_replicas, replica_timeout=self.lease / 2)
+        return options
 
 
 def _believing(plan: _Plan, lock: Any, name: str, token: Optional[int]) -> Iterator[float]:
@@ -105,7 +121,7 @@ def _locking(plan: _Plan, client: Any) -> None:
     rng = random.Random()
     while time.monotonic() < plan.until:
         name = rng.choice(plan.names)
-        lock = distlock.DistLock(name, client=client, lease=plan.lease)
+        lock = distlock.DistLock(name, client=client, **plan.lock_options())
         try:
             if not lock.acquire(timeout=plan.lease):
                 continue
@@ -127,7 +143,7 @@ async def _task_loop(plan: _Plan, client: Any) -> None:
     rng = random.Random()
     while time.monotonic() < plan.until:
         name = rng.choice(plan.names)
-        lock = dla.DistLock(name, client=client, lease=plan.lease)
+        lock = dla.DistLock(name, client=client, **plan.lock_options())
         try:
             await asyncio.wait_for(lock.acquire(), plan.lease)
         except asyncio.TimeoutError:
@@ -144,13 +160,36 @@ async def _task_loop(plan: _Plan, client: Any) -> None:
 
 
 def _client(plan: _Plan, module: Any = redis) -> Any:
-    """The ``client=`` of the worker's locks: one client, or a list of them (Redlock), of
-    ``module`` (``redis`` or ``redis.asyncio``). A partitioned holder's calls give up after half
-    a lease, so that it keeps trying."""
-    clients = [module.Redis.from_url(url, socket_timeout=plan.lease / 2,
-                                     socket_connect_timeout=plan.lease / 2)
-               for url in plan.urls]
+    """The ``client=`` of the worker's locks: one client, a list of them (Redlock), or a
+    Sentinel master client, of ``module`` (``redis`` or ``redis.asyncio``). A partitioned
+    holder's calls give up after half a lease, so that it keeps trying."""
+    timeouts = {"socket_timeout": plan.lease / 2, "socket_connect_timeout": plan.lease / 2}
+    if plan.sentinels is not None:
+        return _remapped(plan, module).master_for("distlock", **timeouts)
+    clients = [module.Redis.from_url(url, **timeouts) for url in plan.urls]
     return clients[0] if len(clients) == 1 else clients
+
+
+def _remapped(plan: _Plan, module: Any) -> Any:
+    """A Sentinel (``module``'s) whose master is reached through this worker's proxy of it:
+    the sentinels name the nodes' own addresses, which would bypass the proxies, so the
+    address they name is mapped to the proxy's (docs/guides/testing.rst). The sentinels
+    themselves are reached directly: a worker cut off from the data is not cut off from them."""
+    remap = plan.remap
+    sentinels = [(h, int(p)) for h, p in plan.sentinels or []]
+    kwargs = {"sentinel_kwargs": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}}
+    if module is redis:
+        class Remapped(redis.sentinel.Sentinel):
+            def discover_master(self, service_name: str) -> Any:
+                found = super().discover_master(service_name)  # type: ignore[no-untyped-call]
+                return remap.get((found[0], int(found[1])), found)
+        return Remapped(sentinels, **kwargs)  # type: ignore[no-untyped-call]
+
+    class AsyncRemapped(redis.asyncio.sentinel.Sentinel):
+        async def discover_master(self, service_name: str) -> Any:
+            found = await super().discover_master(service_name)
+            return remap.get((found[0], int(found[1])), found)
+    return AsyncRemapped(sentinels, **kwargs)  # type: ignore[no-untyped-call]
 
 
 def _run_threads(plan: _Plan) -> int:
@@ -161,8 +200,9 @@ def _run_threads(plan: _Plan) -> int:
                                 name=f"nemesis-worker-{i}") for i in range(plan.threads)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(max(0.0, plan.until - time.monotonic()) + 30 * plan.lease + 10)
+    for thread in threads:  # ``until`` may move later meanwhile: read it afresh
+        while thread.is_alive() and time.monotonic() <= plan.until + 30 * plan.lease + 10:
+            thread.join(0.1)
     hung = [t.name for t in threads if t.is_alive()]
     if hung:
         print(f"nemesis worker: threads did not end: {', '.join(hung)}", file=sys.stderr)
@@ -180,12 +220,23 @@ async def _run_tasks(plan: _Plan) -> None:
         for each in client if isinstance(client, list) else [client]:
             closer = getattr(each, "aclose", None) or each.close
             await closer()
+        if plan.sentinels is not None:
+            await aclose_sentinel(client.connection_pool.sentinel_manager)
 
 
 def _print_tasks() -> None:
     for task in asyncio.all_tasks():
         task.print_stack(file=sys.stderr)
     sys.stderr.flush()
+
+
+def _follow(plan: _Plan) -> None:
+    """Read the ends of the run the nemesis sends later (``_Workers.tell``)."""
+    for line in sys.stdin:
+        try:
+            plan.until = float(line)
+        except ValueError:
+            pass
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -197,8 +248,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     import distlock  # noqa: F401 - imported before "ready", so that every worker starts alike
 
     print("ready", flush=True)
-    # the nemesis answers with when the run ends (time.monotonic() is one clock for the host)
+    # the nemesis answers with when the run ends (time.monotonic() is one clock for the host),
+    # and may move it (while a fault lasts, and after it healed) until it closes the pipe
     plan.until = float(sys.stdin.readline())
+    threading.Thread(target=_follow, args=(plan,), daemon=True, name="nemesis-until").start()
     if plan.shell == "asyncio":
         asyncio.run(_run_tasks(plan))
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the closed loop gave it back its default

@@ -24,6 +24,9 @@ Faults, for the tests of what a failover does to holds:
   the master). Killing the links from the replicas' side (``CLIENT KILL TYPE master``) first
   and stopping them after is a race: a replica's cron reconnects within a second, and a
   partial resync takes milliseconds.
+- ``pause(addr)`` SIGSTOPs one node (a master paused past ``DOWN_AFTER_MS`` is failed over,
+  and continued, is a master with clients until the sentinels demote it);
+  ``restart_master()`` kills the master and starts it again at once, empty, on its port.
 - ``heal()`` (the ``healthy_sentinel`` fixture) resumes what was stopped, restarts every
   node that is down as a replica of the current master, waits until the set is whole again
   and flushes it. The master may have moved: tests ask ``master_addr()``.
@@ -334,6 +337,29 @@ class SentinelSet:
         """Wait until the set is whole (see ``_problem``); TimeoutError with the logs' tails."""
         wait_settled(self.logs, "the sentinel set is not whole", timeout, self._problem)
 
+    def wait_replicas(self, timeout: float = 60.0) -> Addr:
+        """Wait until the master the sentinels name has every replica online by its own
+        ``INFO replication`` (what a grant with ``min_replicas`` waits for; the sentinels' own
+        view may lag by their 10 s refresh, see ``wait_whole``); return it."""
+        found: List[Addr] = []
+
+        def problem() -> Optional[str]:
+            found.clear()
+            try:
+                master = self.master_addr()
+                info = self._conn(master).info("replication")
+            except (redis.RedisError, RuntimeError) as exc:
+                return f"no master to ask: {exc!r}"
+            online = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)
+                      and v.get("state") == "online"]
+            if info.get("role") != "master" or len(online) != self.REPLICAS:
+                return f"{master} is {info.get('role')} with {len(online)} replicas online"
+            found.append(master)
+            return None
+
+        wait_settled(self.logs, "every replica online", timeout, problem)
+        return found[0]
+
     def down(self) -> List[Addr]:
         return [n.addr for n in self.nodes if not n.alive()]
 
@@ -396,10 +422,31 @@ class SentinelSet:
             time.sleep(POLL)
 
     def resume_replicas(self) -> None:
-        """SIGCONT every replica ``cut_replicas`` stopped."""
+        """SIGCONT every replica ``cut_replicas`` stopped (and every node ``pause`` stopped)."""
         stopped, self._stopped = self._stopped, []
         for node in stopped:
             self._signal(node, signal.SIGCONT)
+
+    def pause(self, addr: Addr) -> None:
+        """SIGSTOP one data node: its clients' connections stay open, and nothing answers on
+        them, as on the far side of a partition; ``resume_replicas`` (or ``close``) continues it.
+        The master paused past ``DOWN_AFTER_MS``: the sentinels promote a replica, and the old
+        master, continued, is a master with clients until they demote it."""
+        node = self._node(addr)
+        self._signal(node, signal.SIGSTOP)
+        self._stopped.append(node)
+
+    def restart_master(self, timeout: float = 15.0) -> Addr:
+        """SIGKILL the master and start it again at once on its port, empty (no persistence),
+        as a master: back within ``DOWN_AFTER_MS``, no failover; its replicas then resync from
+        it, and so lose every key too. Returns its address."""
+        addr = self.master_addr()
+        node = self._node(addr)
+        self.kill(addr)
+        node.replicaof = None
+        node.spawn()
+        self._wait_up([node], timeout)
+        return addr
 
     @staticmethod
     def _signal(node: Node, sig: int) -> None:

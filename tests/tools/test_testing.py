@@ -33,6 +33,8 @@ from distlock.testing import (
     Hold,
     Write,
     check_history,
+    timeline_html,
+    write_timeline,
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -278,6 +280,29 @@ def test_history_refuses_bad_input(tmp_path: Any) -> None:
     broken.write_text('{"type": "hold", "name": "n", "token": 1, "start": 0.0}\n{"type": "x"}\n')
     with pytest.raises(ValueError, match="broken.jsonl:2: not a history record"):
         History(broken).records()
+
+
+def test_a_timeline_draws_every_belief_write_and_fault(tmp_path: Any) -> None:
+    """One self-contained HTML file: a row per process, thread or task, a bar per belief (an
+    overlap outlined), a tick per write, a shaded window per fault; names are escaped."""
+    records = [Hold("a<b", 1, 10.0, 11.0, "released", "1:T-0"),
+               Hold("a<b", 2, 10.9, 12.0, "lost", "2:T-0"),
+               Hold("c", 3, 10.5, 11.5, "deadline", "1:T-1"),
+               Hold("c", None, 12.0, None, "open", "2:T-1"),
+               Write("a<b", 1, 10.5, True, "1:T-0"), Write("a<b", 1, 11.5, False, "1:T-0"),
+               Fault("partition", 10.7, 11.2, "worker 0")]
+    page = timeline_html(records, "a & b")
+    assert page.startswith("<!doctype html>") and page.rstrip().endswith("</html>")
+    assert "<script" not in page and "http://" not in page.replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")  # nothing runs, nothing is fetched
+    assert "<title>a &amp; b</title>" in page and "a&lt;b" in page and "a<b" not in page
+    assert page.count('class="hold') == 4 and page.count('class="hold overlap"') == 2
+    assert page.count('class="write"') == 2 and page.count('class="fault"') == 1
+    assert "partition worker 0: 0.700-1.200 s" in page  # times from the history's first
+    path = write_timeline(History(), tmp_path / "empty.html")  # an empty history draws too
+    with open(path, encoding="utf-8") as fh:
+        assert "<svg" in fh.read()
+
 
 
 def _record_holds(path: str, url: str, name: str, rounds: int) -> None:
