@@ -30,7 +30,7 @@ from redis.exceptions import AskError, MovedError
 from .aport import AsyncPort, _parameters, aread_pair
 from .direct import packer
 from .pubsub_cluster import AsyncClusterDispatcher
-from .redirects import ASK, MOVED, REDIRECT_BOUND, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow
+from .redirects import ASK, MOVED, REDIRECT_BOUND, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow, remapped
 
 __all__ = ["AsyncClusterPort", "ShardedPubSub", "cluster_twin"]
 
@@ -39,9 +39,14 @@ _SKIP = {"retry", "redis_connect_func", "parser_class", "event_dispatcher", "con
 
 
 def cluster_twin(client: Any) -> Any:
-    """A blocking ``redis.RedisCluster`` with ``client``'s nodes and connection settings."""
+    """A blocking ``redis.RedisCluster`` with ``client``'s nodes, connection settings and
+    ``address_remap`` (without it, the twin would learn the nodes' own addresses from
+    ``CLUSTER SLOTS`` and go around the mapping the user's client goes through)."""
     accepted = _parameters(redis.Connection)
     kwargs = {k: v for k, v in client.get_connection_kwargs().items() if k in accepted and k not in _SKIP}
+    remap = getattr(client.nodes_manager, "address_remap", None)
+    if remap is not None:
+        kwargs["address_remap"] = remap
     nodes = client.get_nodes() or list(client.nodes_manager.startup_nodes.values())
     startup = [redis.cluster.ClusterNode(node.host, node.port) for node in nodes]  # type: ignore[no-untyped-call]
     return redis.RedisCluster(startup_nodes=startup, **kwargs)
@@ -136,6 +141,7 @@ class AsyncClusterPort(AsyncPort):
 
     async def amoved(self, exc: MovedError) -> None:
         manager = self._nodes()
+        remapped(manager, exc)
         move = getattr(manager, "move_slot", None)
         if move is not None:
             await move(exc)
@@ -144,6 +150,7 @@ class AsyncClusterPort(AsyncPort):
 
     def asked(self, exc: AskError) -> Any:
         """The node an ASK reply names (a lookup: nothing is sent)."""
+        remapped(self._nodes(), exc)
         return self._nodes().get_node(host=exc.host, port=exc.port) or \
             aredis.cluster.ClusterNode(exc.host, exc.port, **self._client.get_connection_kwargs())
 

@@ -43,7 +43,7 @@ from .._core.settings import settings
 from .clients import renewer
 from .direct import disconnect_quietly, packer, read_pair, taker
 from .executor import Batch, Executor, located
-from .redirects import ASK, FIRST_PAUSE, MOVED, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow
+from .redirects import ASK, FIRST_PAUSE, MOVED, REDIRECTED, REFRESH, SEND, SLEEP, NotSent, follow, remapped
 from .scripts import script_names, script_source
 
 __all__ = ["ClusterExecutor", "ClusterBatch"]
@@ -90,6 +90,7 @@ class ClusterExecutor(Executor):
     def moved(self, exc: MovedError) -> None:
         """Record a MOVED reply in the client's slot map."""
         manager = self.client.nodes_manager
+        remapped(manager, exc)
         if hasattr(manager, "move_slot"):
             manager.move_slot(exc)
         else:  # redis-py before 5.1: applied at the next lookup
@@ -114,6 +115,7 @@ class ClusterExecutor(Executor):
 
     def asked(self, exc: AskError) -> Any:
         """The node an ASK reply names (a lookup: nothing is sent)."""
+        remapped(self.client.nodes_manager, exc)
         return self.client.nodes_manager.get_node(host=exc.host, port=exc.port) or \
             redis.cluster.ClusterNode(exc.host, exc.port)  # type: ignore[no-untyped-call]
 

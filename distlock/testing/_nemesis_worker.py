@@ -35,9 +35,10 @@ __all__ = ["main"]
 
 #: What a worker shrugs off and tries again after: the server or the network failed it (or,
 #: under Redlock, too few masters answered; under Sentinel with ``min_replicas``, too few
-#: replicas acknowledged; a sentinel named no master: MasterNotFoundError is a ConnectionError).
+#: replicas acknowledged; a sentinel named no master: MasterNotFoundError is a ConnectionError;
+#: redis-py's cluster client could reach no node: RedisClusterException, not a RedisError).
 _TRANSIENT = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError, OSError,
-              QuorumError, NotEnoughReplicasError)
+              QuorumError, NotEnoughReplicasError, redis.exceptions.RedisClusterException)
 
 
 class _Plan:
@@ -58,6 +59,9 @@ class _Plan:
         self.remap = {(h, int(p)): (ph, int(pp)) for h, p, ph, pp in config.get("remap", [])}
         #: the locks' ``min_replicas`` (Sentinel), or None
         self.min_replicas: Optional[int] = config.get("min_replicas")
+        #: Redis Cluster: the client maps every node's address to this worker's proxy of it
+        #: (redis-py's ``address_remap``), the first proxy its startup node
+        self.cluster = bool(config.get("cluster", False))
 
     def lock_options(self) -> Dict[str, Any]:
         options: Dict[str, Any] = {"lease": self.lease}
@@ -166,6 +170,14 @@ def _client(plan: _Plan, module: Any = redis) -> Any:
     timeouts = {"socket_timeout": plan.lease / 2, "socket_connect_timeout": plan.lease / 2}
     if plan.sentinels is not None:
         return _remapped(plan, module).master_for("distlock", **timeouts)
+    if plan.cluster:
+        remap = plan.remap
+
+        def address_remap(addr: Any) -> Any:
+            return remap.get((addr[0], int(addr[1])), addr)
+        first = redis.Redis.from_url(plan.urls[0]).connection_pool.connection_kwargs
+        return module.RedisCluster(host=first["host"], port=first["port"],
+                                   address_remap=address_remap, **timeouts)
     clients = [module.Redis.from_url(url, **timeouts) for url in plan.urls]
     return clients[0] if len(clients) == 1 else clients
 

@@ -21,6 +21,8 @@ Faults and topology changes, for the tests of what they do to holds:
   MIGRATING, MIGRATE in batches, SETSLOT NODE everywhere); ``reshard_with_cli`` has
   ``redis-cli --cluster reshard`` move N slots; ``setslot_bare(slot, to)`` reassigns a slot
   without its keys.
+- ``pause(addr)`` SIGSTOPs a node and ``resume()`` continues it (a master paused past the node
+  timeout is failed over: ``wait_promoted`` asks only its replicas).
 - ``heal()`` (the ``healthy_cluster`` fixture) restarts what was killed, settles slots left
   half-migrated, waits until the cluster is whole again and flushes it.
 
@@ -32,6 +34,7 @@ Redis 7.0+ and Valkey), so a port near the top of the range never makes the defa
 from __future__ import annotations
 
 import atexit
+import signal
 import subprocess
 import threading
 import time
@@ -76,6 +79,7 @@ class Cluster(SlotMoves):
         self._nodes: List[Node] = []
         self._conns: Dict[Addr, Any] = {}  # redis.Redis, whose execute_command is untyped
         self._replicas_at_kill: Dict[Addr, List[Addr]] = {}
+        self._paused: List[Node] = []  # stopped by ``pause``, continued by ``resume``
         self._url_port = 0
         self._closed = False
         self._cli_output = ""
@@ -178,6 +182,7 @@ class Cluster(SlotMoves):
             except Exception:  # noqa: BLE001 - going away
                 pass
         self._conns.clear()
+        self.resume()  # a stopped node would take SIGTERM only once continued
         stop_all(self._nodes)
 
     def __enter__(self) -> Cluster:
@@ -434,6 +439,44 @@ class Cluster(SlotMoves):
         self._drop_conn(node.addr)
         node.spawn()
         self._wait_pings([node], timeout)
+
+    def pause(self, addr: Addr) -> None:
+        """SIGSTOP node ``addr``: its clients' connections stay open and nothing answers on
+        them, as across a partition; ``resume`` continues it. A master paused past the node
+        timeout is failed over (``wait_promoted``); continued, it learns the new epoch from
+        its peers and turns replica of the node that took its slots."""
+        node = self._node(addr)
+        self._replicas_at_kill[node.addr] = self.replicas_of(node.addr)
+        if node.proc is not None and node.proc.poll() is None:
+            node.proc.send_signal(signal.SIGSTOP)
+            self._paused.append(node)
+        self._drop_conn(node.addr)
+
+    def resume(self) -> None:
+        """SIGCONT every node ``pause`` stopped."""
+        paused, self._paused = self._paused, []
+        for node in paused:
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.send_signal(signal.SIGCONT)
+
+    def wait_promoted(self, old_master: Addr, timeout: float = 30.0) -> Addr:
+        """Wait until one of ``old_master``'s replicas says ROLE master (asking only them:
+        ``old_master`` may be paused); return it."""
+        candidates = self._replicas_at_kill.get((old_master[0], int(old_master[1]))) or []
+        promoted: List[Addr] = []
+
+        def problem() -> Optional[str]:
+            promoted.clear()
+            for addr in candidates:
+                try:
+                    if text(self._conn(addr).execute_command("ROLE")[0]) == "master":
+                        promoted.append(addr)
+                except redis.RedisError:
+                    self._drop_conn(addr)
+            return None if promoted else f"no replica of {old_master} ({candidates}) is master yet"
+
+        wait_settled(self.logs, f"promotion of a replica of {old_master}", timeout, problem)
+        return promoted[0]
 
     def flush(self) -> None:
         """FLUSHALL on every running master (a node that is down or not a master is passed)."""

@@ -16,23 +16,29 @@ holder can be cut off alone), and lets them run while one nemesis acts in the mi
 - ``minority-down`` (Redlock only): one of the three masters is killed, and two leases later
   started again, empty, on its port (it sits out a lease before it votes again:
   docs/guides/redlock.rst);
-- ``failover`` (Sentinel only): the master is paused (SIGSTOP) until the sentinels have
-  promoted a replica, then continued: for a moment it is a second master, and the clients
-  whose connections to it stayed open talk to it until the sentinels demote it (the split
-  brain of docs/safety.rst). The fault heals when the set is whole again (the old master a
-  replica of the new one: the sentinels wait 8 s before they demote it).
+- ``failover`` (Sentinel, Cluster): the master (under Cluster, the master of the first name's
+  slot) is paused (SIGSTOP) until a replica of it is promoted, then continued: for a moment it
+  is a second master, and the clients whose connections to it stayed open talk to it until it
+  is demoted (the split brain of docs/safety.rst). The fault heals when the old master is a
+  replica of the new one again (the sentinels wait 8 s before they demote it; a cluster node
+  learns the new epoch from its peers at once);
+- ``reshard`` (Cluster only): the first name's slot moves, with its keys, to another master
+  (as ``redis-cli --cluster reshard`` moves it), while it is held and waited for.
 
 A phase lasts ``--seconds``, and at least ``after_heal`` (four leases, 2 s or more) after its
 fault healed: the workers are told when to stop once the fault is over.
 
-Four topologies (``--topology``): ``server``, one private server; ``sentinel``, a master, two
+Five topologies (``--topology``): ``server``, one private server; ``sentinel``, a master, two
 replicas and three sentinels (``distlock.testing.sentinel``), whose workers' locks wait for no
-replica; ``sentinel-acked``, the same with ``min_replicas=2``, every replica; ``redlock``, three
-independent masters. Each worker reaches each data node through a proxy of its own, so a
-partition cuts one worker off from every node. Under Sentinel the sentinels name the nodes' own
-addresses: each worker maps them to its proxies (its Sentinel's ``discover_master``), and
-reaches the sentinels directly. Under ``redlock``, ``restart`` restarts every master at once,
-empty; under Sentinel, it restarts the master, empty, fast enough that no failover starts.
+replica; ``sentinel-acked``, the same with ``min_replicas=2``, every replica; ``cluster``, three
+masters and three replicas (``distlock.testing.cluster``); ``redlock``, three independent
+masters. Each worker reaches each data node through a proxy of its own, so a partition cuts one
+worker off from every node. Sentinel and Cluster name the nodes' own addresses, which would
+bypass the proxies: each worker maps them to its own proxies (its Sentinel's
+``discover_master``; its cluster client's ``address_remap``, which distlock applies to MOVED and
+ASK replies too), and reaches the sentinels directly. Under ``redlock``, ``restart`` restarts
+every master at once, empty; under Sentinel, the master, and under Cluster, the first name's
+master, each empty and fast enough that no failover starts.
 
 Each phase prints one row: the holds, the writes, the belief overlaps, the tokens that went
 backwards, the stale writes the fenced store took, and the longest time from a fault's healing
@@ -41,7 +47,7 @@ topology (``failed``): an overlap, except where the table documents one (``DOCUM
 a Sentinel failover without ``min_replicas``); a regression or a stale write where the topology
 promises increasing tokens (``PROMISES_TOKENS``: not Redlock, whose token is the largest of its
 quorum's counters). Only servers and proxies started here, on 127.0.0.1, get any traffic; every
-wait is bounded. Redis Cluster is not covered yet.
+wait is bounded.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .cluster import Cluster
 from .history import History, Report, check_history
 from .proxy import FaultProxy
 from .sentinel import SentinelSet
@@ -67,26 +74,28 @@ __all__ = ["NEMESES", "TOPOLOGIES", "PROMISES_TOKENS", "DOCUMENTED_OVERLAPS", "P
            "run_phase", "after_heal", "failed", "main"]
 
 NEMESES = ("none", "partition", "pause", "kill", "restart", "delay", "drop-replies",
-           "minority-down", "failover")
-TOPOLOGIES = ("server", "sentinel", "sentinel-acked", "redlock")
+           "minority-down", "failover", "reshard")
+TOPOLOGIES = ("server", "sentinel", "sentinel-acked", "cluster", "redlock")
 #: The topologies whose tokens increase in grant order (docs/safety.rst): there a token that
 #: went backwards, or a stale write the fenced store took, is a failure.
-PROMISES_TOKENS = ("server", "sentinel", "sentinel-acked")
-#: (topology, nemesis) where docs/safety.rst says two holders can believe at once: a Sentinel
-#: failover whose grants waited for no replica. There overlaps are counted, not a failure.
-DOCUMENTED_OVERLAPS = (("sentinel", "failover"),)
+PROMISES_TOKENS = ("server", "sentinel", "sentinel-acked", "cluster")
+#: (topology, nemesis) where docs/safety.rst says two holders can believe at once: a failover
+#: whose grants waited for no replica. There overlaps are counted, not a failure.
+DOCUMENTED_OVERLAPS = (("sentinel", "failover"), ("cluster", "failover"))
 #: How many masters the ``redlock`` topology runs (a minority of them is one).
 REDLOCK_MASTERS = 3
 
 
 def applies(nemesis: str, topology: str) -> bool:
     """Whether ``nemesis`` can act on ``topology``: ``minority-down`` needs masters to take a
-    minority of (Redlock), ``failover`` a replica to promote (Sentinel); every other nemesis
-    acts on every topology."""
+    minority of (Redlock), ``failover`` a replica to promote (Sentinel, Cluster), ``reshard``
+    slots (Cluster); every other nemesis acts on every topology."""
     if nemesis == "minority-down":
         return topology == "redlock"
     if nemesis == "failover":
-        return topology.startswith("sentinel")
+        return topology.startswith("sentinel") or topology == "cluster"
+    if nemesis == "reshard":
+        return topology == "cluster"
     return True
 
 
@@ -104,7 +113,8 @@ class Phase:
             raise ValueError(f"topology must be one of {', '.join(TOPOLOGIES)}, not {topology!r}")
         if not applies(nemesis, topology):
             raise ValueError(f"{nemesis} does not apply to {topology}: minority-down needs "
-                             "redlock (a minority of masters), failover a sentinel topology")
+                             "redlock (a minority of masters), failover a sentinel topology or "
+                             "cluster, reshard cluster")
         for what, value in (("processes", processes), ("threads", threads), ("names", names)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{what} must be an int, not {type(value).__name__}")
@@ -138,6 +148,7 @@ class _Workers:
         self.until = 0.0
         self.servers: List[RedisServer] = []
         self.sentinel: Optional[SentinelSet] = None
+        self.cluster: Optional[Cluster] = None
         #: per worker, its proxies: one per server
         self.proxies: List[List[FaultProxy]] = []
         self.procs: List[subprocess.Popen[bytes]] = []
@@ -148,6 +159,9 @@ class _Workers:
             if phase.topology.startswith("sentinel"):
                 self.sentinel = SentinelSet.start()
                 nodes = [node.addr for node in self.sentinel.nodes]
+            elif phase.topology == "cluster":
+                self.cluster = Cluster.start()
+                nodes = list(self.cluster.addrs)
             else:
                 for _ in range(REDLOCK_MASTERS if phase.topology == "redlock" else 1):
                     self.servers.append(RedisServer(die_with_parent=True))
@@ -166,10 +180,12 @@ class _Workers:
                     "threads": phase.threads, "lease": phase.lease, "seconds": phase.seconds,
                     "shell": phase.shell, "history": self.history_path,
                     "store": os.path.join(workdir, "store")}
-                if self.sentinel is not None:
-                    config["sentinels"] = [list(a) for a in self.sentinel.sentinel_addrs]
+                if self.sentinel is not None or self.cluster is not None:
                     config["remap"] = [[h, p, proxy.host, proxy.port]
                                        for (h, p), proxy in zip(nodes, proxies)]
+                    config["cluster"] = self.cluster is not None
+                if self.sentinel is not None:
+                    config["sentinels"] = [list(a) for a in self.sentinel.sentinel_addrs]
                     if phase.topology == "sentinel-acked":
                         config["min_replicas"] = SentinelSet.REPLICAS
                 log = open(os.path.join(workdir, f"worker-{len(self.procs)}.log"), "wb")
@@ -261,6 +277,8 @@ class _Workers:
                     server.stop()
                 if self.sentinel is not None:
                     self.sentinel.close()
+                if self.cluster is not None:
+                    self.cluster.close()
 
 
 def _for_a_while(proxies: List[FaultProxy], fault: Callable[[FaultProxy], object],
@@ -291,6 +309,8 @@ def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, s
         workers.procs[victim].send_signal(signal.SIGCONT)
     elif nemesis == "kill":
         workers.procs[victim].kill()
+    elif nemesis in ("restart", "failover", "reshard") and workers.cluster is not None:
+        return _act_on_cluster(nemesis, workers.cluster, workers.phase.names[0], start)
     elif nemesis == "restart" and workers.sentinel is not None:
         master = workers.sentinel.restart_master()
         return start, time.monotonic(), f"master {master[1]}"
@@ -317,6 +337,29 @@ def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, s
         return start, time.monotonic(), "master 0"
     return start, time.monotonic(), f"worker {victim}" if nemesis not in (
         "delay", "restart") else "all"
+
+
+def _act_on_cluster(nemesis: str, cluster: Cluster, name: str,
+                    start: float) -> Tuple[float, float, str]:
+    """``restart``, ``failover`` or ``reshard`` on the master of ``name``'s slot (the keys of a
+    name share its hash tag, ``{name}``: docs/how-it-works.rst)."""
+    slot = cluster.keyslot("{" + name + "}")
+    master = cluster.slot_owner(slot)
+    if nemesis == "restart":  # back within the node timeout: no failover, every key gone
+        cluster.restart(master)
+        cluster.wait_agreement(30.0)
+        return start, time.monotonic(), f"master {master[1]}"
+    if nemesis == "failover":
+        cluster.pause(master)
+        try:
+            new = cluster.wait_promoted(master, 30.0)
+        finally:
+            cluster.resume()
+        cluster.wait_agreement(60.0)  # the old master a replica of the new one
+        return start, time.monotonic(), f"master {master[1]} -> {new[1]}"
+    to = next(m for m in cluster.masters() if m != master)
+    cluster.reshard_slot(slot, to)
+    return start, time.monotonic(), f"slot {slot}: {master[1]} -> {to[1]}"
 
 
 def run_phase(phase: Phase, timeline: Optional[str] = None) -> Report:

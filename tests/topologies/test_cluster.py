@@ -912,3 +912,68 @@ def test_redis_cli_reshard_under_a_held_lock_keeps_it_and_never_two_holders(
     finally:
         client.close()
         other.close()
+
+
+def _behind_proxies(cluster: Any) -> Tuple[Dict[Tuple[str, int], Any], Callable[[Any], Any]]:
+    """A FaultProxy per node, and the ``address_remap`` that sends a client through them."""
+    from distlock.testing import FaultProxy
+
+    proxies = {tuple(addr): FaultProxy(*addr) for addr in cluster.addrs}
+
+    def remap(addr: Any) -> Any:
+        proxy = proxies.get((addr[0], int(addr[1])))
+        return addr if proxy is None else (proxy.host, proxy.port)
+    return proxies, remap
+
+
+@pytest.mark.parametrize("shell", ["threads", "asyncio"])
+def test_a_moved_reply_is_followed_through_the_clients_address_remap(
+        cluster: Any, healthy_cluster: Any, shell: str) -> None:
+    """redis-py maps the addresses of CLUSTER SLOTS through ``address_remap`` (nodes behind NAT
+    or port forwards; the nemesis' proxies) but not those of a MOVED reply. distlock follows a
+    redirection itself, and maps it too: a release after the slot moved goes to the new owner
+    through its proxy, never to its own address, which such a client may not reach. The new
+    owner's proxy is closed here, so a release that goes through it fails, and one that went
+    around it would succeed."""
+    proxies, remap = _behind_proxies(cluster)
+    first = next(iter(proxies.values()))
+    name = f"remap-{shell}-{uuid.uuid4().hex[:6]}"
+    key = f"distlock:{{{name}}}"
+    cut = (redis.TimeoutError, redis.ConnectionError)
+    try:
+        source = cluster.master_of_key(key)
+        target = next(m for m in cluster.masters() if m != source)
+        if shell == "threads":
+            client = redis.RedisCluster(host=first.host, port=first.port, address_remap=remap,
+                                        socket_timeout=1.0)
+            try:
+                lock = DistLock(name, client=client, lease=10.0)
+                assert lock.acquire(timeout=BOUND)
+                cluster.reshard_slot(key_slot(key.encode()), target)
+                proxies[target].close()  # refuses connections from now on
+                with pytest.raises(cut):
+                    lock.release()
+            finally:
+                client.close()
+        else:
+            async def run() -> None:
+                client = aredis.RedisCluster(host=first.host, port=first.port,
+                                             address_remap=remap, socket_timeout=1.0)
+                try:
+                    lock = aio.DistLock(name, client=client, lease=10.0)
+                    assert await lock.acquire(timeout=BOUND)
+                    # the blocking twin that keeps its holds maps the nodes the same way
+                    twin = lock._session().executor.client
+                    mapped = {(p.host, p.port) for p in proxies.values()}
+                    assert {(n.host, n.port) for n in twin.get_nodes()} <= mapped
+                    await asyncio.to_thread(cluster.reshard_slot, key_slot(key.encode()), target)
+                    proxies[target].close()  # refuses connections from now on
+                    with pytest.raises(cut):
+                        await lock.release()
+                finally:
+                    await client.aclose()
+            asyncio.run(run())
+        assert cluster.master_of_key(key) == target
+    finally:
+        for proxy in proxies.values():
+            proxy.close()
