@@ -3,15 +3,17 @@ breaks things, every belief and fenced write is recorded, and ``check_history`` 
 
 Each phase starts a private server, K worker processes (``_nemesis_worker``) of T threads, or of
 T tasks with ``--shell asyncio``, each process behind a ``FaultProxy`` of its own (so that one
-holder can be cut off alone), and lets them run while one nemesis acts in the middle:
+holder can be cut off alone), and lets them run while one nemesis acts in the middle. A
+fault aimed at one worker is aimed at a holder: the worker whose pid a lock's hash names
+(``:i``) when the fault starts.
 
 - ``none``: nothing (the baseline);
-- ``partition``: one worker's proxy blackholes both ways for two leases, then heals;
-- ``pause``: one worker is stopped (SIGSTOP) for two leases, then continued (a GC pause);
-- ``kill``: one worker is killed (SIGKILL);
+- ``partition``: a holder's proxies blackhole both ways for two leases, then heal;
+- ``pause``: a holder is stopped (SIGSTOP) for two leases, then continued (a GC pause);
+- ``kill``: a holder is killed (SIGKILL);
 - ``restart``: the server is killed and started again, empty (no persistence);
 - ``delay``: every proxy delays every chunk by a fifth of a lease, for two leases;
-- ``drop-replies``: one worker's requests reach the server, their replies are lost, for two
+- ``drop-replies``: a holder's requests reach the server, their replies are lost, for two
   leases;
 - ``minority-down`` (Redlock only): one of the three masters is killed, and two leases later
   started again, empty, on its port (it sits out a lease before it votes again:
@@ -62,6 +64,8 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import redis
 
 from .cluster import Cluster
 from .history import History, Report, check_history
@@ -146,6 +150,9 @@ class _Workers:
         self.phase = phase
         #: when the workers' run ends (``tell``)
         self.until = 0.0
+        #: the data nodes' own addresses, and the worker a fault was aimed at (``_holder``)
+        self.nodes: List[Tuple[str, int]] = []
+        self.victim = 0
         self.servers: List[RedisServer] = []
         self.sentinel: Optional[SentinelSet] = None
         self.cluster: Optional[Cluster] = None
@@ -166,6 +173,7 @@ class _Workers:
                 for _ in range(REDLOCK_MASTERS if phase.topology == "redlock" else 1):
                     self.servers.append(RedisServer(die_with_parent=True))
                 nodes = [("127.0.0.1", server.port) for server in self.servers]
+            self.nodes = nodes
             if phase.topology == "redlock":
                 # a master votes once it has been up for a try's lease, as ``INFO``'s whole
                 # seconds tell: wait that out, or the first second of the run grants nothing
@@ -291,10 +299,31 @@ def _for_a_while(proxies: List[FaultProxy], fault: Callable[[FaultProxy], object
         proxy.heal()
 
 
+def _holder(workers: _Workers) -> int:
+    """The worker that holds one of the names now, as the lock's hash says (its ``:i``,
+    ``host:pid``, read from any node that answers for it); worker 0 if none does."""
+    pids = {proc.pid: i for i, proc in enumerate(workers.procs)}
+    for name in workers.phase.names:
+        for host, port in workers.nodes:
+            try:
+                with redis.Redis(host=host, port=port, socket_timeout=0.5,
+                                 socket_connect_timeout=0.5) as node:
+                    info = node.hget(f"distlock:{{{name}}}", ":i")
+            except redis.RedisError:  # down, or not the slot's owner (MOVED)
+                continue
+            if info:
+                holder = pids.get(int(info.rsplit(b":", 1)[1]))
+                if holder is not None:
+                    return holder
+    return 0
+
+
 def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, str]:
-    """Do ``nemesis`` now; return (start, end, detail) of the fault."""
+    """Do ``nemesis`` now; return (start, end, detail) of the fault. A fault aimed at one
+    worker (partition, drop-replies, pause, kill) is aimed at a holder (``_holder``)."""
     span = 2 * lease
-    victim = 0
+    victim = workers.victim = _holder(workers) if nemesis in (
+        "partition", "drop-replies", "pause", "kill") else 0
     start = time.monotonic()
     if nemesis == "partition":
         _for_a_while(workers.proxies[victim], FaultProxy.blackhole, span)
@@ -335,7 +364,7 @@ def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, s
         time.sleep(span)
         workers.servers[0].start()
         return start, time.monotonic(), "master 0"
-    return start, time.monotonic(), f"worker {victim}" if nemesis not in (
+    return start, time.monotonic(), f"worker {victim}, a holder" if nemesis not in (
         "delay", "restart") else "all"
 
 
@@ -378,7 +407,7 @@ def run_phase(phase: Phase, timeline: Optional[str] = None) -> Report:
                 workers.history.fault(phase.nemesis, start, end, detail)
                 workers.tell(max(planned, end + after_heal(phase.lease)))
             workers.wait(max(0.0, workers.until - time.monotonic()) + 30 * phase.lease + 10,
-                         0 if phase.nemesis == "kill" else None)
+                         workers.victim if phase.nemesis == "kill" else None)
         finally:
             workers.close()
         if timeline is not None:
