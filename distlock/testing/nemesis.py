@@ -12,6 +12,8 @@ fault aimed at one worker is aimed at a holder: the worker whose pid a lock's ha
 - ``pause``: a holder is stopped (SIGSTOP) for two leases, then continued (a GC pause);
 - ``kill``: a holder is killed (SIGKILL);
 - ``restart``: the server is killed and started again, empty (no persistence);
+- ``restart-persisted`` (one server only): the same, with ``appendonly yes`` and ``appendfsync
+  always``: the server comes back with every hold it had acknowledged;
 - ``delay``: every proxy delays every chunk by a fifth of a lease, for two leases;
 - ``drop-replies``: a holder's requests reach the server, their replies are lost, for two
   leases;
@@ -77,8 +79,8 @@ from .timeline import write_timeline
 __all__ = ["NEMESES", "TOPOLOGIES", "PROMISES_TOKENS", "DOCUMENTED_OVERLAPS", "Phase", "applies",
            "run_phase", "after_heal", "failed", "main"]
 
-NEMESES = ("none", "partition", "pause", "kill", "restart", "delay", "drop-replies",
-           "minority-down", "failover", "reshard")
+NEMESES = ("none", "partition", "pause", "kill", "restart", "restart-persisted", "delay",
+           "drop-replies", "minority-down", "failover", "reshard")
 TOPOLOGIES = ("server", "sentinel", "sentinel-acked", "cluster", "redlock")
 #: The topologies whose tokens increase in grant order (docs/safety.rst): there a token that
 #: went backwards, or a stale write the fenced store took, is a failure.
@@ -93,13 +95,16 @@ REDLOCK_MASTERS = 3
 def applies(nemesis: str, topology: str) -> bool:
     """Whether ``nemesis`` can act on ``topology``: ``minority-down`` needs masters to take a
     minority of (Redlock), ``failover`` a replica to promote (Sentinel, Cluster), ``reshard``
-    slots (Cluster); every other nemesis acts on every topology."""
+    slots (Cluster), ``restart-persisted`` one server with an append-only file; every other
+    nemesis acts on every topology."""
     if nemesis == "minority-down":
         return topology == "redlock"
     if nemesis == "failover":
         return topology.startswith("sentinel") or topology == "cluster"
     if nemesis == "reshard":
         return topology == "cluster"
+    if nemesis == "restart-persisted":
+        return topology == "server"
     return True
 
 
@@ -118,7 +123,7 @@ class Phase:
         if not applies(nemesis, topology):
             raise ValueError(f"{nemesis} does not apply to {topology}: minority-down needs "
                              "redlock (a minority of masters), failover a sentinel topology or "
-                             "cluster, reshard cluster")
+                             "cluster, reshard cluster, restart-persisted server")
         for what, value in (("processes", processes), ("threads", threads), ("names", names)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{what} must be an int, not {type(value).__name__}")
@@ -170,8 +175,12 @@ class _Workers:
                 self.cluster = Cluster.start()
                 nodes = list(self.cluster.addrs)
             else:
+                # restart-persisted: every write in the append-only file before it is
+                # acknowledged, so that a SIGKILL loses nothing
+                aof = ["--appendonly", "yes", "--appendfsync", "always"] \
+                    if phase.nemesis == "restart-persisted" else []
                 for _ in range(REDLOCK_MASTERS if phase.topology == "redlock" else 1):
-                    self.servers.append(RedisServer(die_with_parent=True))
+                    self.servers.append(RedisServer(extra_args=aof, die_with_parent=True))
                 nodes = [("127.0.0.1", server.port) for server in self.servers]
             self.nodes = nodes
             if phase.topology == "redlock":
@@ -343,9 +352,9 @@ def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, s
     elif nemesis == "restart" and workers.sentinel is not None:
         master = workers.sentinel.restart_master()
         return start, time.monotonic(), f"master {master[1]}"
-    elif nemesis == "restart":
+    elif nemesis in ("restart", "restart-persisted"):
         for server in workers.servers:
-            server.restart()
+            server.restart()  # the same directory: restart-persisted reloads its AOF
     elif nemesis == "failover":
         assert workers.sentinel is not None
         old = workers.sentinel.master_addr()
@@ -365,7 +374,7 @@ def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, s
         workers.servers[0].start()
         return start, time.monotonic(), "master 0"
     return start, time.monotonic(), f"worker {victim}, a holder" if nemesis not in (
-        "delay", "restart") else "all"
+        "delay", "restart", "restart-persisted") else "all"
 
 
 def _act_on_cluster(nemesis: str, cluster: Cluster, name: str,
