@@ -54,8 +54,12 @@ class AsyncDispatcher(Board):
                 try:
                     async with self._io:
                         await asyncio.wait_for(pubsub.subscribe(channel_name), settings().wait_cap)
-                except (redis.RedisError, asyncio.TimeoutError) as exc:
-                    # the reader reconnects and subscribes again; meanwhile the waiter polls
+                except (redis.RedisError, asyncio.TimeoutError, OSError, AttributeError) as exc:
+                    # the reader reconnects and subscribes again; meanwhile the waiter polls.
+                    # AttributeError: the reader closed the connection (it found it broken)
+                    # while this SUBSCRIBE was being written, and a closed asyncio transport
+                    # has no loop to write with (Python 3.13: "'NoneType' object has no
+                    # attribute '_add_writer'"); the nemesis met it after a restart
                     log.debug("distlock: subscribe to %s failed: %r", channel_name, exc)
                 if self._pubsub is not pubsub:
                     # the reader started over meanwhile: the connection this join opened is

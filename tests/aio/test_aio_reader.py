@@ -15,6 +15,10 @@ returned, because the reader task it cancelled at the end went on running.
 - And the other way round: a first connection that takes longer than the reader's poll to
   connect is not taken for a failed one (a Sentinel lookup, TLS, a busy pool): no second
   connection, no warning.
+- A join whose SUBSCRIBE is written to a connection the reader has just closed (it found it
+  broken: a restart) gets what asyncio gives a closed transport, an AttributeError on 3.13
+  (the nemesis met it on Redlock): the join still returns its waiter, which polls until the
+  reader has subscribed again, instead of failing the caller's acquire.
 
 A fake PubSub plays the connection, so that each case is exact; the bounds are hang bounds.
 """
@@ -172,5 +176,40 @@ def test_a_cancelled_reader_ends_even_if_the_cancellation_was_swallowed() -> Non
         finally:
             dispatcher.leave(waiter, False)
             dispatcher.close()
+
+    asyncio.run(body())
+
+
+class _ClosedUnderTheWrite(_SlowToConnect):
+    """The first SUBSCRIBE meets a transport closed under it (what asyncio's selector transport
+    raises on 3.13 once closed); every later one connects at once."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+
+    async def subscribe(self, *names: str) -> None:
+        if self.subscribes == 0:
+            self.subscribes += 1
+            raise AttributeError("'NoneType' object has no attribute '_add_writer'")
+        await super().subscribe(*names)
+
+
+def test_a_join_whose_connection_was_closed_under_its_write_still_waits() -> None:
+    opened: List[_NeverConnects] = []
+
+    def opener() -> _NeverConnects:
+        opened.append(_ClosedUnderTheWrite())
+        return opened[-1]
+
+    async def body() -> None:
+        dispatcher = AsyncDispatcher(opener)
+        waiter = await dispatcher.join("distlock:{reader}:wake:closed", 0.05)  # no error
+        try:
+            deadline = asyncio.get_running_loop().time() + BOUND
+            while opened[-1].subscribes < 2 and len(opened) < 2:
+                assert asyncio.get_running_loop().time() < deadline, "never subscribed again"
+                await asyncio.sleep(0.01)
+        finally:
+            await _closed(dispatcher, waiter)
 
     asyncio.run(body())
