@@ -383,9 +383,9 @@ class _LockBase(SessionUser):
         """Give back ``count`` (0: all) of ``hold``; return the count still held.
 
         Raise LockLostError, after running the ``on_lost`` callbacks, when the hold turns out
-        to be gone or someone else's.
+        to be gone or someone else's, or its local deadline has passed (``Session.ran_out``).
         """
-        if hold.lost:
+        if session.ran_out(hold):
             left = 0 if count == 0 else max(0, hold.count - count)
             hold.count = left
             if left == 0:

@@ -191,6 +191,7 @@ class AsyncPort:
         goes behind it in the same write on the same connection, and the reply is
         ``(reply, how many replicas acknowledged)``."""
         script = self._scripts[name]
+        self.session.watchdog.look_for_reset(always=True)  # (``Session.run``)
         if self._free > 0:
             self._free -= 1  # no await between the look and the take: nobody else runs here
         else:

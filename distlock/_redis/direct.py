@@ -19,23 +19,34 @@ import redis
 from .clients import DEFAULT_IO_TIMEOUT
 
 
-def closed_idle(pool: Any, seen: Any) -> bool:
-    """True when the server closed an idle connection of ``pool`` whose socket ``seen`` (a
-    WeakSet) does not hold yet; each such socket goes into ``seen``. A non-blocking peek at
-    the sockets redis-py keeps idle, so it never touches one a request is using."""
-    found = False
+def closed_idle(pool: Any, seen: Any) -> List[Any]:
+    """The sockets of ``pool``'s idle connections that the server closed and that ``seen`` (a
+    WeakSet) does not hold yet. The caller acts on them (suspends belief) and only then puts
+    them in ``seen``: another thread that looks meanwhile finds them too, rather than nothing.
+    A non-blocking peek at the sockets redis-py keeps idle, so it never touches one a request
+    is using; a socket distlock closed itself (no descriptor) is no reset."""
+    found = []
     for conn in list(getattr(pool, "_available_connections", ()) or ()):
         sock = getattr(conn, "_sock", None)
         if sock is None or sock in seen:
             continue
         try:
-            if select.select([sock], [], [], 0)[0] and sock.recv(1, socket.MSG_PEEK) == b"":
-                seen.add(sock)
-                found = True
+            if readable_now(sock) and sock.recv(1, socket.MSG_PEEK) == b"":
+                found.append(sock)
         except (OSError, ValueError):
-            seen.add(sock)
-            found = True
+            if sock.fileno() != -1:
+                found.append(sock)
     return found
+
+
+def readable_now(sock: Any) -> bool:
+    """Whether ``sock`` has something to read, or its peer closed it; never waits. ``poll``
+    where there is one: ``select`` takes no descriptor above 1023."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+    return bool(select.select([sock], [], [], 0)[0])
 
 
 def idle_sockets(pool: Any, seen: Any) -> List[Any]:

@@ -246,14 +246,20 @@ class Executor:
         if current is None or current[1] is not client:
             disconnect_quietly(client)  # dropped while it connected: it must not stay open
 
-    def renewal_reset(self) -> bool:
+    def renewal_reset(self, then: Optional[Callable[[], object]] = None) -> bool:
         """True when the server closed an idle connection of the watchdog's own since this was
-        last asked (a restart, a failover, a dropped link), each such connection once. No I/O:
-        a non-blocking peek at each idle socket, from the watchdog thread."""
-        found = False
+        last asked (a restart, a failover, a dropped link), each such connection once; ``then``
+        runs before they are marked as seen, so that no thread that looks meanwhile is told
+        "no reset" before it has been acted on. No I/O: a non-blocking peek at each idle
+        socket, from any thread."""
+        found: List[Any] = []
         for pool in self._renewal_pools():
-            found = closed_idle(pool, self._reset_seen) or found
-        return found
+            found += closed_idle(pool, self._reset_seen)
+        if found and then is not None:
+            then()
+        for sock in found:
+            self._reset_seen.add(sock)
+        return bool(found)
 
     def renewal_sockets(self) -> List[Any]:
         """The sockets ``renewal_reset`` would look at: the watchdog thread's wait ends when

@@ -249,7 +249,10 @@ def _node_sender(pool: Any) -> Callable[[Tuple[Any, ...], bool, Optional[Tuple[A
             packed = [packed[0] + pack(then)[0]]
         try:
             conn = take()
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                ValueError) as exc:
+            # ValueError: "I/O operation on closed file", a connection closed by another
+            # thread (a slot map refresh in a failover) while this one connected on it
             raise NotSent() from exc
         try:
             if ask:

@@ -343,7 +343,7 @@ class QuorumExecutor(FanOut, Executor):
     def open_renewal(self) -> None:
         """Nothing: a master's renewals go through its private twin, made with its client."""
 
-    def renewal_reset(self) -> bool:
+    def renewal_reset(self, then: Optional[Callable[[], object]] = None) -> bool:
         """Never: a quorum outlives one master's restart (it sits out a lease instead)."""
         return False
 

@@ -61,6 +61,8 @@ def remapped(manager: Any, exc: AskError) -> AskError:
     remap = getattr(manager, "remap_host_port", None)
     if remap is not None and getattr(manager, "address_remap", None) is not None:
         exc.host, exc.port = remap(exc.host, exc.port)
+        if hasattr(exc, "node_addr"):
+            exc.node_addr = (exc.host, exc.port)
     return exc
 
 

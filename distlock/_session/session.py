@@ -174,6 +174,16 @@ class Session:
             for listener in list(hold.listeners):
                 notify(listener)
 
+    def ran_out(self, hold: Hold) -> bool:
+        """True when ``hold`` is lost; a hold whose local deadline has passed is reported lost
+        here and now (as the watchdog thread does at the deadline), so that a release just
+        after the deadline sees the loss whichever thread runs first."""
+        if not hold.lost and not hold.releasing and time.monotonic() >= hold.expires_at:
+            hold.ran_out = True
+            self.mark_lost(hold, "its lease ran out unrenewed" if hold.watchdog
+                           else f"its lease of {hold.lease_ms / 1000.0:g} s ran out")
+        return hold.lost
+
     def busy(self) -> bool:
         """True while holds or waiters need the session."""
         return bool(self.holds) or self.dispatcher.busy()
@@ -190,6 +200,7 @@ class Session:
         """Script ``name``, a state change, sent once by the executor (``Executor.run``). A
         connection that failed suspends belief in this session's holds until a renewal
         confirms them (``Watchdog.suspend``)."""
+        self.watchdog.look_for_reset(always=True)
         try:
             return self.executor.run(name, keys, args, acks)
         except redis.ConnectionError as exc:

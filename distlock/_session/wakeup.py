@@ -5,7 +5,7 @@ The watchdog thread keeps time and does no I/O (docs/design.rst, principle 14), 
 stop believing the session's holds as soon as their server closes the watchdog's idle
 connection: a restart without persistence, or a failover, ends every hold on that server, and
 the server (or its successor) may grant them again a few milliseconds later. So the thread waits
-in ``select`` on that connection's socket and on one end of a socket pair that ``set`` writes
+in ``select`` (or ``poll``) on that connection's socket and on one end of a socket pair that ``set`` writes
 to: the kernel wakes it on the server's FIN, and ``Watchdog`` then peeks (still no I/O: a
 non-blocking ``MSG_PEEK``) and suspends belief.
 
@@ -22,7 +22,7 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 __all__ = ["Wakeup"]
 
@@ -74,7 +74,7 @@ class Wakeup:
                 for end in pair:
                     end.setblocking(False)
         try:
-            readable = select.select([pair[0], *sockets], [], [], max(0.0, timeout))[0]
+            readable = _readable([pair[0], *sockets], max(0.0, timeout))
         except (OSError, ValueError):  # a socket closed under us: wait without them
             if sockets:
                 return self.wait(timeout, ())
@@ -89,3 +89,25 @@ class Wakeup:
         if pair is not None:
             for end in pair:
                 end.close()
+
+
+def _readable(sockets: Sequence[Any], timeout: float) -> List[Any]:
+    """Those of ``sockets`` readable within ``timeout`` seconds (or closed by their peer); a
+    socket closed under the wait (no descriptor) is left out. ``select`` while every
+    descriptor is below 1024: it waits to the microsecond, and the thread's wait ends at a
+    hold's deadline, where ``on_lost`` is due. Above, where ``select`` takes none, ``poll``,
+    which counts whole milliseconds: it waits the milliseconds, then sleeps what is left."""
+    live = [sock for sock in sockets if sock.fileno() >= 0]
+    if all(sock.fileno() < 1024 for sock in live) or not hasattr(select, "poll"):
+        return list(select.select(live, [], [], timeout)[0])
+    poller = select.poll()
+    by_fd = {}
+    for sock in live:
+        poller.register(sock.fileno(), select.POLLIN)
+        by_fd[sock.fileno()] = sock
+    until = time.monotonic() + timeout
+    found = [by_fd[fd] for fd, _ in poller.poll(int(timeout * 1000))]
+    left = until - time.monotonic()
+    if not found and left > 0:
+        time.sleep(left)
+    return found

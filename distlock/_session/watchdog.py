@@ -269,9 +269,7 @@ class Watchdog:
                     return
                 self._expire_due()
                 self._hand_off_chores()
-                reset = bool(self.holds) and self._executor().renewal_reset()
-                if reset:
-                    self.suspend("the server closed the watchdog's connection")
+                reset = bool(self.holds) and self._executor().renewal_reset(self._reset)
                 self._quiet_sockets = by_socket and not reset
                 if self._round_busy:
                     continue  # one round at a time; its end wakes the thread
@@ -288,24 +286,24 @@ class Watchdog:
 
     def _watched(self) -> List[Any]:
         """The idle sockets the thread's wait also ends on, while there are holds to suspend."""
-        if not self.holds or self._quiet_sockets:
-            return []
         try:
-            return list(self._executor().renewal_sockets())
+            return [] if not self.holds or self._quiet_sockets else self._executor().renewal_sockets()
         except Exception:  # noqa: BLE001 - the thread still looks every TICK
             return []
 
-    def look_for_reset(self) -> None:
-        """A belief check's own look (``Hold.believed``): a server that closed the watchdog's
-        idle connection suspends belief now. No I/O: a non-blocking peek, microseconds."""
-        if self.closed or not self.holds:
+    def look_for_reset(self, always: bool = False) -> None:
+        """A belief check's look (``Hold.believed``; ``always``: before a script is sent, so a
+        reset that came before a grant never suspends its hold): a closed idle connection
+        suspends belief now. No I/O: a non-blocking peek, microseconds."""
+        if self.closed or not (always or self.holds):
             return
         try:
-            reset = self._executor().renewal_reset()
+            self._executor().renewal_reset(self._reset)
         except Exception:  # noqa: BLE001 - the thread looks again; a check never fails
             return
-        if reset:
-            self.suspend("the server closed the watchdog's connection")
+
+    def _reset(self) -> None:  # renewal_reset's ``then``
+        self.suspend("the server closed the watchdog's connection")
 
     def _round(self) -> None:
         """One renewal round, on the ``renewals`` worker; its end wakes the watchdog thread."""
@@ -465,8 +463,9 @@ class Watchdog:
                 if hold.watchdog:
                     hold.lease_ms = lease_ms
                     hold.expires_at = sent_at + lease_ms / 1000.0 - executor.margin(lease_ms)
-                hold.suspended = False
-                hold.unbelieved_at = 0.0
+                if not hold.suspended or hold.unbelieved_at <= sent_at:  # else sent before
+                    hold.suspended = False  # the reset: it confirms nothing (the next round does)
+                    hold.unbelieved_at = 0.0
             elif outcome is ENDED:
                 self.drop(hold)  # ended without a loss (a permit released on our behalf)
             else:

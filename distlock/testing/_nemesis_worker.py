@@ -243,12 +243,16 @@ def _print_tasks() -> None:
 
 
 def _follow(plan: _Plan) -> None:
-    """Read the ends of the run the nemesis sends later (``_Workers.tell``)."""
+    """Read the ends of the run the nemesis sends later (``_Workers.tell``). A pipe that
+    closes while the end is still open (the nemesis died during a fault) ends the run now:
+    a worker never outlives its nemesis for good."""
     for line in sys.stdin:
         try:
             plan.until = float(line)
         except ValueError:
             pass
+    if plan.until == float("inf"):
+        plan.until = time.monotonic()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -28,6 +28,7 @@ appends one JSON line per record to that file, with ``O_APPEND`` (each record is
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -62,6 +63,8 @@ def _check_token(token: object) -> Optional[int]:
 def _check_time(at: object, what: str) -> float:
     if isinstance(at, bool) or not isinstance(at, (int, float)):
         raise TypeError(f"{what} must be a time.monotonic() value, not {type(at).__name__}")
+    if not math.isfinite(at):
+        raise ValueError(f"{what} must be a time.monotonic() value, not {at!r}")
     return float(at)
 
 

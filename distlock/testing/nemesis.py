@@ -67,8 +67,7 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import redis
-
+from ._nemesis_faults import act
 from .cluster import Cluster
 from .history import History, Report, check_history
 from .proxy import FaultProxy
@@ -155,7 +154,7 @@ class _Workers:
         self.phase = phase
         #: when the workers' run ends (``tell``)
         self.until = 0.0
-        #: the data nodes' own addresses, and the worker a fault was aimed at (``_holder``)
+        #: the data nodes' own addresses, and the worker a fault was aimed at (``_nemesis_faults``)
         self.nodes: List[Tuple[str, int]] = []
         self.victim = 0
         self.servers: List[RedisServer] = []
@@ -298,108 +297,6 @@ class _Workers:
                     self.cluster.close()
 
 
-def _for_a_while(proxies: List[FaultProxy], fault: Callable[[FaultProxy], object],
-                 span: float) -> None:
-    """Put ``fault`` on every one of ``proxies`` for ``span`` seconds, then heal them."""
-    for proxy in proxies:
-        fault(proxy)
-    time.sleep(span)
-    for proxy in proxies:
-        proxy.heal()
-
-
-def _holder(workers: _Workers) -> int:
-    """The worker that holds one of the names now, as the lock's hash says (its ``:i``,
-    ``host:pid``, read from any node that answers for it); worker 0 if none does."""
-    pids = {proc.pid: i for i, proc in enumerate(workers.procs)}
-    for name in workers.phase.names:
-        for host, port in workers.nodes:
-            try:
-                with redis.Redis(host=host, port=port, socket_timeout=0.5,
-                                 socket_connect_timeout=0.5) as node:
-                    info = node.hget(f"distlock:{{{name}}}", ":i")
-            except redis.RedisError:  # down, or not the slot's owner (MOVED)
-                continue
-            if info:
-                holder = pids.get(int(info.rsplit(b":", 1)[1]))
-                if holder is not None:
-                    return holder
-    return 0
-
-
-def _act(nemesis: str, workers: _Workers, lease: float) -> Tuple[float, float, str]:
-    """Do ``nemesis`` now; return (start, end, detail) of the fault. A fault aimed at one
-    worker (partition, drop-replies, pause, kill) is aimed at a holder (``_holder``)."""
-    span = 2 * lease
-    victim = workers.victim = _holder(workers) if nemesis in (
-        "partition", "drop-replies", "pause", "kill") else 0
-    start = time.monotonic()
-    if nemesis == "partition":
-        _for_a_while(workers.proxies[victim], FaultProxy.blackhole, span)
-    elif nemesis == "drop-replies":
-        _for_a_while(workers.proxies[victim], FaultProxy.drop_replies, span)
-    elif nemesis == "delay":
-        everyone = [proxy for proxies in workers.proxies for proxy in proxies]
-        _for_a_while(everyone, lambda proxy: proxy.delay(lease * 1000 / 5), span)
-    elif nemesis == "pause":
-        workers.procs[victim].send_signal(signal.SIGSTOP)
-        time.sleep(span)
-        workers.procs[victim].send_signal(signal.SIGCONT)
-    elif nemesis == "kill":
-        workers.procs[victim].kill()
-    elif nemesis in ("restart", "failover", "reshard") and workers.cluster is not None:
-        return _act_on_cluster(nemesis, workers.cluster, workers.phase.names[0], start)
-    elif nemesis == "restart" and workers.sentinel is not None:
-        master = workers.sentinel.restart_master()
-        return start, time.monotonic(), f"master {master[1]}"
-    elif nemesis in ("restart", "restart-persisted"):
-        for server in workers.servers:
-            server.restart()  # the same directory: restart-persisted reloads its AOF
-    elif nemesis == "failover":
-        assert workers.sentinel is not None
-        old = workers.sentinel.master_addr()
-        workers.sentinel.pause(old)
-        try:
-            new = workers.sentinel.wait_promotion(old, timeout=30.0)
-        finally:
-            workers.sentinel.resume_replicas()
-        # healed once the old master is a replica of the new one again: the sentinels wait
-        # 8 s after it comes back before they demote it, and a grant that waits for every
-        # replica (sentinel-acked) is refused until then
-        workers.sentinel.wait_replicas(60.0)
-        return start, time.monotonic(), f"master {old[1]} -> {new[1]}"
-    elif nemesis == "minority-down":
-        workers.servers[0].kill()
-        time.sleep(span)
-        workers.servers[0].start()
-        return start, time.monotonic(), "master 0"
-    return start, time.monotonic(), f"worker {victim}, a holder" if nemesis not in (
-        "delay", "restart", "restart-persisted") else "all"
-
-
-def _act_on_cluster(nemesis: str, cluster: Cluster, name: str,
-                    start: float) -> Tuple[float, float, str]:
-    """``restart``, ``failover`` or ``reshard`` on the master of ``name``'s slot (the keys of a
-    name share its hash tag, ``{name}``: docs/how-it-works.rst)."""
-    slot = cluster.keyslot("{" + name + "}")
-    master = cluster.slot_owner(slot)
-    if nemesis == "restart":  # back within the node timeout: no failover, every key gone
-        cluster.restart(master)
-        cluster.wait_agreement(30.0)
-        return start, time.monotonic(), f"master {master[1]}"
-    if nemesis == "failover":
-        cluster.pause(master)
-        try:
-            new = cluster.wait_promoted(master, 30.0)
-        finally:
-            cluster.resume()
-        cluster.wait_agreement(60.0)  # the old master a replica of the new one
-        return start, time.monotonic(), f"master {master[1]} -> {new[1]}"
-    to = next(m for m in cluster.masters() if m != master)
-    cluster.reshard_slot(slot, to)
-    return start, time.monotonic(), f"slot {slot}: {master[1]} -> {to[1]}"
-
-
 def run_phase(phase: Phase, timeline: Optional[str] = None) -> Report:
     """Run one phase (see the module's docstring) and check its history; with ``timeline``, a
     path, draw the history there too (``distlock.testing.timeline``)."""
@@ -412,7 +309,7 @@ def run_phase(phase: Phase, timeline: Optional[str] = None) -> Report:
                 # fault takes (a failover: seconds): the run goes on until it is over
                 planned = workers.until
                 workers.tell(float("inf"))
-                start, end, detail = _act(phase.nemesis, workers, phase.lease)
+                start, end, detail = act(phase.nemesis, workers, phase.lease)
                 workers.history.fault(phase.nemesis, start, end, detail)
                 workers.tell(max(planned, end + after_heal(phase.lease)))
             workers.wait(max(0.0, workers.until - time.monotonic()) + 30 * phase.lease + 10,
@@ -504,6 +401,7 @@ def main(argv: Optional[List[str]] = None,
     if args.timeline is not None:
         os.makedirs(args.timeline, exist_ok=True)
     rows: List[Tuple[str, str, Report]] = []
+    errors: List[str] = []
     until = None if args.minutes is None else time.monotonic() + 60 * args.minutes
     while True:
         for phase in phases:
@@ -511,17 +409,22 @@ def main(argv: Optional[List[str]] = None,
             if args.timeline is not None:
                 drawn = os.path.join(args.timeline, f"{phase.topology}-{phase.shell}-"
                                                     f"{phase.nemesis}-{len(rows) + 1}.html")
-            rows.append((phase.label, phase.nemesis, run_phase(phase, drawn)))
+            try:
+                rows.append((phase.label, phase.nemesis, run_phase(phase, drawn)))
+            except Exception as exc:  # noqa: BLE001 - one phase's error does not end the run
+                errors.append(f"ERROR {phase.label} {phase.nemesis}: {exc!r}")
         if until is None or time.monotonic() >= until:
             break
     out(format_rows(rows))
+    for error in errors:  # a worker that failed or hung, a topology that did not heal
+        out(error)
     broken = [r for r in rows if failed(r[0], r[2], r[1])]
     for topology, nemesis, report in broken:
         out(f"FAILED {topology} {nemesis}: {report}")
         for a, b in report.overlaps[:5]:
             out(f"  overlap on {a.name}: {a.who} token {a.token} [{a.start:.3f}, {a.end}] ({a.cause}) and "
                 f"{b.who} token {b.token} [{b.start:.3f}, {b.end}] ({b.cause})")
-    return 1 if broken else 0
+    return 1 if broken or errors else 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ draws any history.
 from __future__ import annotations
 
 import html
+import math
 import os
 from typing import Dict, Iterable, List, Optional, Set, Tuple, Union
 
@@ -28,6 +29,8 @@ TOP = 40
 
 
 def _x(t: float, t0: float, span: float) -> float:
+    if not math.isfinite(t):
+        t = t0 + span  # an open end drawn to the right edge
     return LEFT + (t - t0) / span * WIDTH
 
 
@@ -51,6 +54,7 @@ def timeline_html(history: Union[History, Iterable[Record]], title: str = "distl
     report = check_history(records)
     times = [t for h in holds for t in (h.start, h.end) if t is not None]
     times += [w.at for w in writes] + [t for f in faults for t in (f.start, f.end)]
+    times = [t for t in times if math.isfinite(t)]  # records made by hand may have none
     t0, t1 = (min(times), max(times)) if times else (0.0, 1.0)
     span = max(t1 - t0, 1e-3)
     rows = sorted({h.who for h in holds} | {w.who for w in writes})

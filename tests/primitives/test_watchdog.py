@@ -7,8 +7,12 @@ end the thread for good, leaving every hold unrenewed and none of them reported 
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 import threading
+import weakref
+from types import SimpleNamespace
 from typing import Any, List
 
 import pytest
@@ -149,3 +153,71 @@ def test_a_closed_wakeup_makes_a_new_pair_for_the_next_thread() -> None:
     finally:
         timer.cancel()
         wakeup.close()
+
+
+def test_a_reset_is_acted_on_before_it_is_marked_seen() -> None:
+    """``renewal_reset(then)`` runs ``then`` (the suspension) before it marks the closed socket
+    as seen: another thread that looks meanwhile must find the reset too, not be told there is
+    none while the holds are not suspended yet (it would go on believing after the FIN)."""
+    from distlock._redis.executor import Executor
+
+    ours, theirs = socket.socketpair()
+    theirs.close()  # the server's FIN
+    try:
+        pool = SimpleNamespace(_available_connections=[SimpleNamespace(_sock=ours)])
+        stub = SimpleNamespace(_renewal_pools=lambda: [pool], _reset_seen=weakref.WeakSet())
+        meanwhile: List[bool] = []
+        assert Executor.renewal_reset(stub, lambda: meanwhile.append(  # type: ignore[arg-type]
+            Executor.renewal_reset(stub))) is True  # type: ignore[arg-type]
+        assert meanwhile == [True]
+        assert Executor.renewal_reset(stub) is False  # type: ignore[arg-type]  # each once
+    finally:
+        ours.close()
+
+
+def test_a_descriptor_above_1023_is_waited_on_and_peeked_at() -> None:
+    """``select`` takes no descriptor above 1023; a process with many files open has its
+    watchdog's connection there. The wait and the peek use ``poll``."""
+    from distlock._redis.direct import closed_idle
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        pytest.skip(f"RLIMIT_NOFILE is {soft}: no descriptor above 1023 to try")
+    ours, theirs = socket.socketpair()
+    high = socket.socket(fileno=os.dup2(ours.fileno(), 1100))
+    ours.close()
+    wakeup = Wakeup()
+    try:
+        assert high.fileno() == 1100
+        assert wakeup.wait(0.05, [high]) is False  # nothing yet: the timeout ends it
+        theirs.close()
+        assert wakeup.wait(60.0, [high]) is True
+        pool = SimpleNamespace(_available_connections=[SimpleNamespace(_sock=high)])
+        assert closed_idle(pool, weakref.WeakSet()) == [high]
+    finally:
+        high.close()
+        theirs.close()
+        wakeup.close()
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("cls", [DistLock, DistRLock])
+def test_a_release_after_the_deadline_reports_the_loss_whatever_the_thread_did(
+        client: Any, cls: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Belief ends at the local deadline, not when the watchdog thread gets to it: a release
+    just after the deadline raises LockLostError and runs ``on_lost`` (in the releasing
+    thread) even when the thread has not reported it yet (here it never does), and gives back
+    the hold Redis still has."""
+    monkeypatch.setattr(Watchdog, "_expire_due", lambda self: None)
+    lock = cls("wd-deadline-release", client=client, lease=0.3)
+    lost: List[Any] = []
+    lock.on_lost(lost.append)
+    assert lock.acquire()
+    # Redis keeps it longer than the local deadline (which is never later than Redis's own):
+    # a release that went to Redis unwarned would find it and succeed
+    client.pexpire("distlock:{wd-deadline-release}", 10_000)
+    until(lambda: lock.valid_for() == 0.0, what="the deadline")
+    with pytest.raises(distlock.LockLostError):
+        lock.release()
+    assert lost == [lock] and not lock.owned()
+    assert client.exists("distlock:{wd-deadline-release}") == 0

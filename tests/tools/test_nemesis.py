@@ -152,3 +152,43 @@ def test_a_phase_refuses_bad_input() -> None:
         Phase("minority-down", topology="server")
     with pytest.raises(ValueError, match="failover does not apply to redlock"):
         Phase("failover", topology="redlock")
+
+
+def test_a_worker_whose_nemesis_died_mid_fault_ends_its_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a fault lasts a worker's run has no end (``inf``) until the nemesis tells it one;
+    a pipe that closes first (the nemesis died) ends it at once, so no worker outlives it."""
+    import io
+    import time
+    from types import SimpleNamespace
+
+    from distlock.testing import _nemesis_worker
+
+    plan = SimpleNamespace(until=0.0)
+    monkeypatch.setattr("sys.stdin", io.StringIO("12.5\ninf\n"))
+    _nemesis_worker._follow(plan)  # type: ignore[arg-type]
+    assert plan.until <= time.monotonic()
+    monkeypatch.setattr("sys.stdin", io.StringIO("inf\n42.0\n"))
+    _nemesis_worker._follow(plan)  # type: ignore[arg-type]
+    assert plan.until == 42.0
+
+
+def test_a_phase_that_errs_is_reported_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topology that does not heal in time (or a worker that failed) ends its phase with an
+    error: the command says so, prints every other row, and exits 1."""
+    from distlock.testing import nemesis
+    from distlock.testing.history import Report
+
+    calls: List[str] = []
+
+    def run_phase(phase: Phase, timeline: Any = None) -> Report:
+        calls.append(phase.shell)
+        if phase.shell == "threads":
+            raise TimeoutError("promotion of a replica: not within 60 s")
+        return Report(holds=3, writes=9)
+
+    monkeypatch.setattr(nemesis, "run_phase", run_phase)
+    lines: List[str] = []
+    assert nemesis.main(["--topology", "server", "--nemesis", "none"], out=lines.append) == 1
+    assert calls == ["threads", "asyncio"]
+    assert "server/asyncio" in lines[0] and "server/threads" not in lines[0]
+    assert lines[1].startswith("ERROR server/threads none: TimeoutError(")

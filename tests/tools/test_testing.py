@@ -275,6 +275,10 @@ def test_history_refuses_bad_input(tmp_path: Any) -> None:
         history.fault("blackhole", 2.0, 1.0)
     with pytest.raises(TypeError, match="time.monotonic"):
         history.fault("blackhole", "now", 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="time.monotonic"):
+        history.fault("blackhole", 0.0, float("inf"))
+    with pytest.raises(ValueError, match="time.monotonic"):
+        history.write("n", 1, True, at=float("nan"))
     assert history.records() == [] and set(BELIEF_ENDS) >= {"released", "lost", "deadline"}
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"type": "hold", "name": "n", "token": 1, "start": 0.0}\n{"type": "x"}\n')
@@ -299,6 +303,8 @@ def test_a_timeline_draws_every_belief_write_and_fault(tmp_path: Any) -> None:
     assert page.count('class="hold') == 4 and page.count('class="hold overlap"') == 2
     assert page.count('class="write"') == 2 and page.count('class="fault"') == 1
     assert "partition worker 0: 0.700-1.200 s" in page  # times from the history's first
+    # records made by hand, past the History's checks, with a time that is not finite
+    assert "<svg" in timeline_html([Fault("x", 0.0, float("inf")), Hold("n", 1, 1.0, None)])
     path = write_timeline(History(), tmp_path / "empty.html")  # an empty history draws too
     with open(path, encoding="utf-8") as fh:
         assert "<svg" in fh.read()
