@@ -215,7 +215,10 @@ class AsyncClusterPort(AsyncPort):
         try:
             if not conn.is_connected:
                 await self._bounded(conn.connect(), self._connect_bound)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError,
+                AttributeError) as exc:
+            # AttributeError: its transport was closed under the connect's handshake (a slot
+            # map refresh in a failover disconnects the nodes): asyncio's has no writer then
             node.release(conn)
             raise NotSent() from exc
         except BaseException:
