@@ -387,8 +387,14 @@ class AsyncPort:
             _spawn(self._give(conn))
 
     async def read(self, *command: Any) -> Any:
-        """One command that is safe to repeat, through the client (retries and all)."""
-        return await self._bounded(self._client.execute_command(*command), self._io_bound)
+        """One command that is safe to repeat, through the client (retries and all). A
+        connection another task closed under it (redis-py's asyncio cluster nodes share
+        theirs; a closed transport answers AttributeError or TypeError) is a ConnectionError."""
+        try:
+            return await self._bounded(self._client.execute_command(*command), self._io_bound)
+        except (AttributeError, TypeError) as exc:
+            raise redis.ConnectionError(f"the connection was closed under {command[0]}: "
+                                        f"{exc!r}") from exc
 
     @staticmethod
     async def _bounded(coro: Any, bound: Optional[float]) -> Any:

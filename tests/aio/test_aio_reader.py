@@ -213,3 +213,22 @@ def test_a_join_whose_connection_was_closed_under_its_write_still_waits() -> Non
             await _closed(dispatcher, waiter)
 
     asyncio.run(body())
+
+
+def test_a_read_on_a_connection_closed_under_it_is_a_connection_error() -> None:
+    """redis-py's asyncio cluster nodes share their connections between tasks; one task's
+    failure closes a connection another is writing on, whose transport then answers
+    AttributeError (3.10, 3.13) or TypeError (3.12). The nemesis met both in a cluster restart:
+    a read (``AsyncPort.read``) turns them into the ConnectionError they are."""
+    from types import SimpleNamespace
+
+    from distlock._redis.aport import AsyncPort
+
+    for error in (AttributeError("'NoneType' object has no attribute 'writelines'"),
+                  TypeError("'NoneType' object is not callable")):
+        async def closed(*command: Any, error: Exception = error) -> Any:
+            raise error
+        port = SimpleNamespace(_client=SimpleNamespace(execute_command=closed), _io_bound=None,
+                               _bounded=AsyncPort._bounded)
+        with pytest.raises(redis.ConnectionError, match="closed under HMGET"):
+            asyncio.run(AsyncPort.read(port, "HMGET", "k", "f"))  # type: ignore[arg-type]
