@@ -26,10 +26,7 @@ def closed_idle(pool: Any, seen: Any) -> List[Any]:
     A non-blocking peek at the sockets redis-py keeps idle, so it never touches one a request
     is using; a socket distlock closed itself (no descriptor) is no reset."""
     found = []
-    for conn in list(getattr(pool, "_available_connections", ()) or ()):
-        sock = getattr(conn, "_sock", None)
-        if sock is None or sock in seen:
-            continue
+    for sock in idle_sockets(pool, seen):
         try:
             if readable_now(sock) and sock.recv(1, socket.MSG_PEEK) == b"":
                 found.append(sock)
