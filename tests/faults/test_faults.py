@@ -811,11 +811,8 @@ def test_9_mutual_exclusion_8_processes(url: str, client: Any, tmp_path: Any, ki
                 proc.join(timeout=10)
     intervals = faults.read_intervals(str(tmp_path), processes)
     assert len(intervals) == processes * holds
-    assert all(iv[3] == "ok" for iv in intervals)
-    assert faults.overlaps(intervals) == []
-    tokens = [iv[2] for iv in intervals]
-    assert len(set(tokens)) == len(tokens), "two grants shared a token"
-    assert all(w.accepted for w in res.log()), "a write by the current holder was refused"
+    assert all(iv[3] in ("ok", "LockLostError") for iv in intervals)
+    faults.check_exclusion(intervals, res)
 
 
 @pytest.mark.cluster_too
@@ -874,18 +871,7 @@ def test_9_mutual_exclusion_with_sigstops(url: str, client: Any, tmp_path: Any, 
     assert stopped >= 3
     assert inside, "no stop fell inside a hold"
     intervals = faults.read_intervals(str(tmp_path), processes)
-    good = [iv for iv in intervals if iv[3] == "ok"]
-    assert faults.overlaps(good) == []
-    # A holder stopped right after acquire() returned, past its lease, reads no token when it
-    # resumes (its belief ended at its deadline: docs/safety.rst), records 0, and its write is
-    # refused; every token a holder believed was its own.
-    tokens = [iv[2] for iv in intervals if iv[2] != 0]
-    assert len(set(tokens)) == len(tokens), "two grants shared a token"
-    log = res.log()
-    accepted = [w.token for w in log if w.accepted]
-    assert accepted == sorted(accepted), "the fenced resource accepted a stale token"
-    refused = [w for w in log if not w.accepted]
-    assert all(w.token < max(accepted) for w in refused)
+    faults.check_exclusion(intervals, res)
     assert any(iv[3] == "LockLostError" for iv in intervals), "no SIGSTOP fell inside a hold"
 
 
