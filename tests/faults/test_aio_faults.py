@@ -34,7 +34,18 @@ from _support import renewals_seen
 from faults import FaultProxy, FencedResource
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
-from test_faults import FAST, RETRIES, SLACK, SOCKET_TIMEOUT, TAKER, B, lease_left_ms, numsub, pubsub_clients
+from test_faults import (
+    FAST,
+    RETRIES,
+    SLACK,
+    SOCKET_TIMEOUT,
+    TAKER,
+    WATCHED,
+    B,
+    lease_left_ms,
+    numsub,
+    pubsub_clients,
+)
 from test_faults_sem_event_barrier import permit_left_ms
 
 import distlock
@@ -157,7 +168,8 @@ def test_1_sigkilled_async_holder_frees_after_lease_never_before(
         await warm.release()
 
     aio.call(warm_up)
-    holder = Mailbox(children.start(_aio_workers.async_holder, url, kind, name, lease, FAST))
+    holder = Mailbox(children.start(_aio_workers.async_holder, url, kind, name, lease,
+                                    FAST if lease is not None else WATCHED))
     _, first, acquired_at, pid, ok = holder.take("acquired", 60)
     assert ok is True
     if lease is None:  # the watchdog keeps the hold alive: its renewals reach the server
@@ -170,7 +182,7 @@ def test_1_sigkilled_async_holder_frees_after_lease_never_before(
     left = lease_left(client, kind, name)
     # The hold outlives its holder until its lease runs out: it must still be there, unless a
     # loaded machine took that long to look (time.monotonic() is one clock for the host).
-    ran_out = acquired_at + lease if lease is not None else killed + FAST["lease"]
+    ran_out = acquired_at + lease if lease is not None else killed + WATCHED["lease"]
     assert left > 0 or sent >= ran_out - 0.010, \
         "the hold vanished with its holder, before its lease ran out"
 

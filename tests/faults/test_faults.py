@@ -44,6 +44,10 @@ KINDS = sorted(PRIMITIVES)
 FAST = {"lease": 1.0, "renew_interval": 0.3}
 #: Settings of a taker whose belief the test reads after long steps (see test_2).
 TAKER = {"lease": 5.0, "renew_interval": 0.3}
+#: Settings of a holder kept by its watchdog until the test kills it: renewals every 0.3 s with
+#: 2.7 s of slack. With FAST's 0.7 s, a loaded machine's late first renewal (it opens the
+#: watchdog's connection: on a cluster, a slot map too) let the hold run out before the kill.
+WATCHED = {"lease": 3.0, "renew_interval": 0.3}
 
 #: Client of the blackhole tests: gives up on one command after B = (1 + 1) * 0.5 = 1.0 s.
 SOCKET_TIMEOUT = 0.5
@@ -149,18 +153,27 @@ def waited_channel(session: Any, name: str) -> Optional[str]:
 def test_1_sigkill_holder_frees_after_lease_never_before(
         url: str, client: Any, holders: Any, kind: str, lease: Optional[float]) -> None:
     name = f"s1-{kind}"
-    holder = holders(url, kind, name, lease=lease, settings=FAST)
-    first = holder.event("acquired")[1]
+    holder = holders(url, kind, name, lease=lease, settings=FAST if lease is not None else WATCHED)
+    _, first, acquired_at = holder.event("acquired")[:3]
     assert first is not None
     if lease is None:  # the watchdog keeps the hold alive: its renewals reach the server
         renewals_seen(lambda: lease_left_ms(client, name), 2, what=f"{name} (its watchdog's)")
+    killed = time.monotonic()
     holder.kill()
 
     probe = rival(kind, name, client)
     sent = time.monotonic()
     left = lease_left_ms(client, name)
-    assert left > 0, "the hold vanished with its holder, before its lease ran out"
-    assert probe.acquire(blocking=False) is False
+    # The hold outlives its holder until its lease runs out: it must still be there, unless a
+    # loaded machine took that long to look (time.monotonic() is one clock for the host).
+    ran_out = acquired_at + lease if lease is not None else killed + WATCHED["lease"]
+    assert left > 0 or sent >= ran_out - 0.010, "the hold vanished with its holder, before its lease ran out"
+    tried = time.monotonic()
+    refused = not probe.acquire(blocking=False)
+    if not refused:  # only where the lease had run out by then (a loaded machine): see below
+        probe.release()
+    assert refused or tried >= sent + left / 1000.0 - 0.010, \
+        "a try took the lock before the killed holder's lease ran out"
     assert probe.acquire(timeout=left / 1000.0 + 15.0) is True
     got = time.monotonic()
     try:
