@@ -66,6 +66,12 @@ def lua_commands() -> Set[str]:
     return found
 
 
+#: The workload's lease, renewed every 0.15 s: 1.85 s of slack for a late renewal. With a 1 s
+#: lease, a README run on a loaded machine saw a TLS client's hold run out unrenewed.
+WORK_LEASE = 2.0
+WORK_SETTINGS = {"lease": WORK_LEASE, "renew_interval": 0.15, "wait_cap": 0.5}
+
+
 def workload(client: Any, kind: str, tag: str) -> None:
     """Every operation of primitive ``kind`` a user makes: free and contended acquires (with the
     pub/sub wait), re-entry, try_lock, locked, explicit and watchdog leases with renewals, a
@@ -91,7 +97,7 @@ def workload(client: Any, kind: str, tag: str) -> None:
     session = session_for(_config.resolve_client(client))
     faults.wait_until(lambda: any(f"{{{name}}}" in ch for ch in session.subscribed_channels())
                       or not waiter.is_alive(), 10)
-    time.sleep(1.3)  # past one lease (1 s): only the watchdog's renewals keep the hold
+    time.sleep(WORK_LEASE + 0.3)  # past one lease: only the watchdog's renewals keep the hold
     holder.release()
     waiter.join(15)
     assert results == [True]
@@ -117,7 +123,7 @@ def workload(client: Any, kind: str, tag: str) -> None:
         writer.start()  # a writer that waits, then gives up its place
         writer.join(10)
         assert outcome == [False]
-        time.sleep(1.3)  # past one lease (1 s): the reader's renewals keep it
+        time.sleep(WORK_LEASE + 0.3)  # past one lease: the reader's renewals keep it
         reader.release()
 
 
@@ -227,7 +233,7 @@ def sync_workload(client: Any, tag: str) -> None:
 
 
 def full_workload(client: Any, admin: Any, tag: str) -> None:
-    distlock.configure(lease=1.0, renew_interval=0.15, wait_cap=0.5)
+    distlock.configure(**WORK_SETTINGS)  # type: ignore[arg-type]
     for kind in KINDS:
         workload(client, kind, tag)
     sync_workload(client, tag)
@@ -308,7 +314,7 @@ def test_password_in_url(client: Any) -> None:
         redis.Redis.from_url(server.url).config_set("requirepass", password)
         good = f"redis://:{password}@127.0.0.1:{server.port}/0"
         try:
-            distlock.configure(lease=1.0, renew_interval=0.15, wait_cap=0.5)
+            distlock.configure(**WORK_SETTINGS)  # type: ignore[arg-type]
             for kind in KINDS:
                 lock = PRIMITIVES[kind].make(f"pw-{kind}", good, None)
                 assert lock.acquire(timeout=5)
@@ -355,7 +361,7 @@ def test_tls_url(client: Any, tmp_path: Any) -> None:
         raise
     url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={cert}&ssl_cert_reqs=required"
     try:
-        distlock.configure(lease=1.0, renew_interval=0.15, wait_cap=0.5)
+        distlock.configure(**WORK_SETTINGS)  # type: ignore[arg-type]
         for kind in KINDS:
             workload(url, kind, "tls")  # type: ignore[arg-type]
         plain_on_tls = redis.Redis(host="127.0.0.1", port=tls_port, socket_timeout=2)
