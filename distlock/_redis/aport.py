@@ -338,10 +338,17 @@ class AsyncPort:
             raise
         except BaseException as exc:
             overdue = self._io_bound is not None and conn not in inflight
+            closed = isinstance(exc, (AttributeError, TypeError)) and not conn.is_connected
             await conn.disconnect(nowait=True)
             if overdue and isinstance(exc, redis.exceptions.ConnectionError):
                 raise redis.exceptions.TimeoutError(
                     f"no answer from the server within {self._io_bound} s") from None
+            if closed:
+                # another task closed it under this one (redis-py's asyncio cluster refreshes
+                # its slot map by disconnecting every node; the reconnect's handshake then
+                # writes on a transport that is gone): the ConnectionError it is, as ``read``
+                raise redis.exceptions.ConnectionError(
+                    f"the connection was closed under the script: {exc!r}") from exc
             raise
         finally:
             inflight.pop(conn, None)

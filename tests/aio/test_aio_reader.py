@@ -232,3 +232,42 @@ def test_a_read_on_a_connection_closed_under_it_is_a_connection_error() -> None:
                                _bounded=AsyncPort._bounded)
         with pytest.raises(redis.ConnectionError, match="closed under HMGET"):
             asyncio.run(AsyncPort.read(port, "HMGET", "k", "f"))  # type: ignore[arg-type]
+
+
+class _ClosedUnderIt:
+    """A connection that another task disconnects while this one writes on it: the reconnect's
+    handshake then writes on no transport (redis-py's asyncio cluster, a slot map refresh)."""
+
+    def __init__(self, connected_after: bool) -> None:
+        self.is_connected = True
+        self.connected_after = connected_after
+        self.disconnects = 0
+
+    async def send_packed_command(self, packed: Any) -> None:
+        self.is_connected = self.connected_after
+        raise AttributeError("'NoneType' object has no attribute 'writelines'")
+
+    async def disconnect(self, nowait: bool = False) -> None:
+        self.disconnects += 1
+        self.is_connected = False
+
+
+def test_a_script_on_a_connection_closed_under_it_is_a_connection_error() -> None:
+    """The cluster restart phase of the nemesis saw an acquire end in that AttributeError: a
+    script's exchange (``AsyncPort._exchange``) turns it into a ConnectionError, whose outcome
+    the flows already treat as unknown, and leaves the connection closed. The same error on a
+    connection still open is a bug of ours, and stays what it is."""
+    from types import SimpleNamespace
+
+    from distlock._redis.aport import AsyncPort
+
+    port = SimpleNamespace(_inflight={}, _io_bound=None)
+    conn = _ClosedUnderIt(connected_after=False)
+    with pytest.raises(redis.ConnectionError, match="closed under the script") as caught:
+        asyncio.run(AsyncPort._exchange(port, conn, [b"EVALSHA"]))  # type: ignore[arg-type]
+    assert isinstance(caught.value.__cause__, AttributeError)
+    assert conn.disconnects == 1 and not port._inflight
+    still_open = _ClosedUnderIt(connected_after=True)
+    with pytest.raises(AttributeError):
+        asyncio.run(AsyncPort._exchange(port, still_open, [b"EVALSHA"]))  # type: ignore[arg-type]
+    assert still_open.disconnects == 1
