@@ -397,6 +397,28 @@ def test_3_a_restart_ends_an_async_holds_belief_at_the_first_check(
         aio.call(lock.release)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_3_an_async_hold_granted_before_the_watchdog_connected_is_confirmed_at_once(
+        backend: Any, url: str, aio: Any, kind: str) -> None:
+    """test_faults' ``test_a_hold_granted_before_the_watchdog_connected_is_confirmed_at_once``,
+    for a task (the nemesis's Sentinel restart phase found it in this shell): the server
+    restarts, empty, before the blocking session's watchdog has a connection to witness the
+    hold with; the renewal round that follows its connection finds the hold gone."""
+    from test_faults import _watchdog_kept_from_connecting
+
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    lock = make_async(kind, _unique(f"as3c-{kind}"), aio.client(url))
+    session = aio.call(lock._session)
+    with _watchdog_kept_from_connecting(session):
+        assert aio.call(lambda: lock.acquire(timeout=10)) is True
+        assert aio.call(lock.owned) is True
+        faults.restart_server(backend)
+    assert faults.wait_until(lambda: aio.call(lock.owned) is False, 5.0), \
+        "a hold nothing witnessed was believed on after its server restarted"
+    with pytest.raises(LockLostError):
+        aio.call(lock.release)
+
+
 # --- 4. the pub/sub connection is killed while tasks wait -------------------------------------
 
 @pytest.mark.parametrize("how", PUBSUB_FAULTS)

@@ -15,6 +15,7 @@ the wait, so at most two commands can be in flight past it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import signal
@@ -1281,6 +1282,73 @@ def test_the_watchdog_thread_sees_a_restart_when_the_kernel_does(
     assert not lock.owned()
     with pytest.raises(LockLostError):
         lock.release()
+
+
+@contextlib.contextmanager
+def _watchdog_kept_from_connecting(session: Any) -> Iterator[None]:
+    """Hold the session's renewals worker until the block ends: the watchdog's own connection,
+    which opens there after the first hold, opens only then."""
+    gate = threading.Event()
+    session.watchdog.renewals.submit(lambda: gate.wait(30))
+    try:
+        yield
+    finally:
+        gate.set()
+
+
+@pytest.mark.real_redis
+@pytest.mark.parametrize("how", ["restarted", "down"])
+@pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
+def test_a_hold_granted_before_the_watchdog_connected_is_confirmed_at_once(
+        backend: Any, client: Any, kind: str, how: str) -> None:
+    """A FIN on the watchdog's own connection ends belief when the server restarts, but a hold
+    granted before that connection opened has no witness: the server may restart, empty,
+    between the grant and the connection, which then opens to the new server and sees no FIN.
+    The nemesis found a Sentinel holder believing on there while the new master granted the
+    name to another process. Such a hold is confirmed by a renewal round as soon as the
+    connection is open (it is gone: lost), and a connection refused suspends it; either way
+    belief ends long before the next renewal (10 s) or the lease (30 s)."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    lock = make(kind, f"unwitnessed-{kind}-{how}", client)
+    session = session_for(client)
+    with _watchdog_kept_from_connecting(session):
+        assert lock.acquire(timeout=10)
+        (hold,) = list(session.watchdog.holds.values())
+        assert hold.unwitnessed and lock.owned()
+        if how == "restarted":
+            faults.restart_server(backend)
+        else:
+            backend.server.kill()
+    try:
+        assert faults.wait_until(lambda: not lock.owned(), 5.0), \
+            "a hold nothing witnessed was believed on after its server restarted"
+        if how == "down":
+            assert hold.suspended and not hold.lost
+    finally:
+        if how == "down":
+            backend.server.start()
+    with pytest.raises(LockLostError):
+        lock.release()
+
+
+@pytest.mark.real_redis
+def test_a_hold_granted_after_the_watchdog_connected_is_not_confirmed(
+        backend: Any, client: Any) -> None:
+    """The other side: once the watchdog's own connection is open, a new hold is witnessed
+    by it, and no renewal round is spent on it (a fixed lease sees none at all)."""
+    distlock.configure(lease=30.0, renew_interval=10.0)
+    first = distlock.DistLock("witnessed-first", client=client)
+    assert first.acquire(timeout=10)
+    session = session_for(client)
+    _watchdog_connection_idle(session)
+    assert faults.wait_until(lambda: not any(h.unwitnessed for h in session.watchdog.holds.values()),
+                             5.0)
+    second = distlock.DistLock("witnessed-second", client=client, lease=20.0)
+    assert second.acquire(timeout=10)
+    (hold,) = [h for h in session.watchdog.holds.values() if "witnessed-second" in h.key]
+    assert not hold.unwitnessed
+    second.release()
+    first.release()
 
 
 @pytest.mark.real_redis
