@@ -181,7 +181,8 @@ class History:
     # --- reading -----------------------------------------------------------------------------
 
     def records(self) -> List[Record]:
-        """Every record, from every process that appended to the file."""
+        """Every record, from every process that appended to the file (a last line without
+        its newline is still being written: it is left out)."""
         if self.path is None:
             with self._mutex:
                 return list(self._records)
@@ -189,6 +190,8 @@ class History:
         try:
             with open(self.path, encoding="utf-8") as fh:
                 for number, line in enumerate(fh, 1):
+                    if not line.endswith("\n"):
+                        break  # the last line, still being written by another process
                     if not line.strip():
                         continue
                     data = json.loads(line)

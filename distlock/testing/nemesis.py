@@ -30,7 +30,11 @@ fault aimed at one worker is aimed at a holder: the worker whose pid a lock's ha
   (as ``redis-cli --cluster reshard`` moves it), while it is held and waited for.
 
 A phase lasts ``--seconds``, and at least ``after_heal`` (four leases, 2 s or more) after its
-fault healed: the workers are told when to stop once the fault is over.
+fault healed: the workers are told when to stop once the fault is over. Its fault starts once a
+first hold has been recorded, and the phase goes on for a lease after the first hold that began
+after the heal has been recorded (each wait at most ``HOLD_BOUND``): on a loaded machine the
+workers may be slow to start, or to take the lock again, and a phase that ended first would
+prove nothing.
 
 Five topologies (``--topology``): ``server``, one private server; ``sentinel``, a master, two
 replicas and three sentinels (``distlock.testing.sentinel``), whose workers' locks wait for no
@@ -89,6 +93,9 @@ PROMISES_TOKENS = ("server", "sentinel", "sentinel-acked", "cluster")
 DOCUMENTED_OVERLAPS = (("sentinel", "failover"), ("cluster", "failover"))
 #: How many masters the ``redlock`` topology runs (a minority of them is one).
 REDLOCK_MASTERS = 3
+#: How long a phase waits at most for its first hold, and for the first after its fault healed
+#: (seconds)
+HOLD_BOUND = 30.0
 
 
 def applies(nemesis: str, topology: str) -> bool:
@@ -309,9 +316,12 @@ def run_phase(phase: Phase, timeline: Optional[str] = None) -> Report:
                 # fault takes (a failover: seconds): the run goes on until it is over
                 planned = workers.until
                 workers.tell(float("inf"))
+                _hold_recorded(workers.history, float("-inf"), HOLD_BOUND)
                 start, end, detail = act(phase.nemesis, workers, phase.lease)
                 workers.history.fault(phase.nemesis, start, end, detail)
-                workers.tell(max(planned, end + after_heal(phase.lease)))
+                seen = _hold_recorded(workers.history, end, HOLD_BOUND)
+                workers.tell(max(planned, end + after_heal(phase.lease),
+                                 (seen or time.monotonic()) + phase.lease))
             workers.wait(max(0.0, workers.until - time.monotonic()) + 30 * phase.lease + 10,
                          workers.victim if phase.nemesis == "kill" else None)
         finally:
@@ -321,6 +331,18 @@ def run_phase(phase: Phase, timeline: Optional[str] = None) -> Report:
                            f"{phase.label} {phase.nemesis}: {phase.processes} processes x "
                            f"{phase.threads}, lease {phase.lease:g} s")
         return check_history(workers.history)
+
+
+def _hold_recorded(history: History, since: float, bound: float) -> Optional[float]:
+    """Wait until ``history`` has recorded a hold that began at ``since`` or later (a hold is
+    recorded when it ends), at most ``bound`` seconds; return when it was seen, or None."""
+    deadline = time.monotonic() + bound
+    while True:
+        if any(hold.start >= since for hold in history.holds()):
+            return time.monotonic()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def after_heal(lease: float) -> float:

@@ -284,6 +284,10 @@ def test_history_refuses_bad_input(tmp_path: Any) -> None:
     broken.write_text('{"type": "hold", "name": "n", "token": 1, "start": 0.0}\n{"type": "x"}\n')
     with pytest.raises(ValueError, match="broken.jsonl:2: not a history record"):
         History(broken).records()
+    # a last line without its newline is one another process is still writing: left out
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text('{"type": "hold", "name": "n", "token": 1, "start": 0.0}\n{"type": "ho')
+    assert History(partial).records() == [Hold("n", 1, 0.0)]
 
 
 def test_a_timeline_draws_every_belief_write_and_fault(tmp_path: Any) -> None:
