@@ -270,15 +270,6 @@ class Executor:
             found += idle_sockets(pool, self._reset_seen)
         return found
 
-    def witnessing(self) -> Optional[bool]:
-        """Whether the watchdog's own connection is open and no reset of it has been seen:
-        then a FIN on it tells of its server's restart (``Watchdog.add``). None when there is
-        no such connection to be had (it renews through the session's client). No I/O."""
-        current = self._renewer
-        if current is not None and current[1] is self.client:
-            return None
-        return bool(self.renewal_sockets())
-
     def _renewal_pools(self) -> List[Any]:
         """The pools of the watchdog's own connections (none while it renews through the
         session's client)."""

@@ -351,10 +351,6 @@ class QuorumExecutor(FanOut, Executor):
         """None to wait on (``renewal_reset``)."""
         return []
 
-    def witnessing(self) -> Optional[bool]:
-        """None: no FIN witnesses a quorum's grant (a restarted master sits out a lease)."""
-        return None
-
     def drop_renewal(self) -> None:
         pass  # the masters' twins serve every kind of traffic: closed with the session
 

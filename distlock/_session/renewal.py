@@ -1,7 +1,6 @@
 """A watchdog's renewal round (``renew_round``, run on its ``renewals`` worker): every
-watchdog hold renewed, and every hold that needs a confirmation (suspended by a reset, or
-granted before the watchdog's own connection could witness its server: ``Watchdog.add``)
-confirmed, in one pipelined round trip. ``wd`` is the ``_session.watchdog.Watchdog`` whose
+watchdog hold renewed, and every hold suspended by a reset confirmed, in one pipelined round
+trip. ``wd`` is the ``_session.watchdog.Watchdog`` whose
 round it is (not imported here: that module imports this one)."""
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ def renew_round(wd: Any) -> Optional[float]:
     """
     with wd.mutex:
         holds = [h for h in list(wd.holds.values())
-                 if not h.lost and (h.watchdog or h.suspended or h.unwitnessed)]
+                 if not h.lost and (h.watchdog or h.suspended)]
     if not holds:
         return None
     lease_ms = max(1, int(settings().lease * 1000))
@@ -76,7 +75,6 @@ def renew_round(wd: Any) -> Optional[float]:
         wd._expire(holds, exc)
         return retry
     rtt = time.monotonic() - sent_at
-    wd._note_witness()
     tally: Dict[Any, List[int]] = {}  # per series: [renewed, failed]
     acked = batch.acked if wait is not None else None
     unacked: List[Hold] = []
@@ -109,7 +107,6 @@ def renew_round(wd: Any) -> Optional[float]:
             if not hold.suspended or hold.unbelieved_at <= sent_at:  # else sent before
                 hold.suspended = False  # the reset: it confirms nothing (the next round does)
                 hold.unbelieved_at = 0.0
-                hold.unwitnessed = False  # its server is the one the witness talks to
         elif outcome is ENDED:
             wd.drop(hold)  # ended without a loss (a permit released on our behalf)
         else:

