@@ -31,7 +31,15 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Generator, NoReturn, Optional, Tuple
 
-from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    MovedError,
+    NoScriptError,
+    RedisError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["REDIRECTS", "REDIRECT_BOUND", "FIRST_PAUSE", "NotSent", "REDIRECTED", "Redirects",
            "SEND", "ASK", "MOVED", "REFRESH", "LOAD", "SLEEP", "follow", "remapped"]
@@ -101,7 +109,7 @@ def follow(slot: int, node: Any, error: BaseException, started: float,
             node = asking if asking is not None else master(slot)
             outcome = yield (ASK, node) if asking is not None else (SEND, node)
         if isinstance(outcome, NotSent):
-            error = outcome.__cause__ or outcome
+            error = _not_reached(node, outcome)
             yield (REFRESH, None)
             if master(slot).name == node.name:
                 break  # still the slot's master as far as the cluster knows: no failover yet
@@ -126,3 +134,19 @@ def follow(slot: int, node: Any, error: BaseException, started: float,
         yield (SLEEP, pause)
         pause = min(pause * 2, _LAST_PAUSE)
     raise error
+
+
+def _not_reached(node: Any, not_sent: NotSent) -> BaseException:
+    """What a script that could not reach ``node`` raises, should it give up there: the Redis
+    error that kept the connection from opening, or a ConnectionError for any other. A
+    connection that another thread or task closed under the connect's handshake (redis-py's
+    cluster clients disconnect every node when they read the slot map again) fails with
+    ValueError ("I/O operation on closed file", blocking) or AttributeError (asyncio): a node
+    not reached all the same, never those errors out of ``acquire()``."""
+    cause = not_sent.__cause__
+    if isinstance(cause, RedisError):
+        return cause
+    error = RedisConnectionError(f"no connection to {getattr(node, 'name', node)} could be "
+                                 f"opened: {cause!r}")
+    error.__cause__ = cause
+    return error
