@@ -340,7 +340,7 @@ class QuorumExecutor(FanOut, Executor):
     def renewal_batch(self) -> QuorumBatch:
         return QuorumBatch(self)
 
-    def open_renewal(self) -> None:
+    def open_renewal(self) -> Optional[float]:
         """Nothing: a master's renewals go through its private twin, made with its client."""
 
     def renewal_reset(self, then: Optional[Callable[[], object]] = None) -> bool:

@@ -39,7 +39,7 @@ class Hold:
     __slots__ = (
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
         "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
-        "pending", "acks", "suspended", "ran_out", "unbelieved_at",
+        "pending", "acks", "suspended", "ran_out", "unbelieved_at", "sent_at",
         "__weakref__",
     )
 
@@ -58,6 +58,8 @@ class Hold:
         #: monotonic time by which the lease runs out unless renewed (counted from the moment the
         #: grant was *sent*, so it is never later than the server's own deadline)
         self.expires_at = sent_at + lease_ms / 1000.0
+        #: when its grant was sent (time.monotonic())
+        self.sent_at = sent_at
         self.lost = False
         #: set while a release of this hold is in flight: a renewal that finds the hold gone
         #: then raced the release, and says nothing about a lost lease

@@ -17,7 +17,7 @@ from .._core.settings import settings
 from .hold import Hold
 from .metrics import renewed
 
-__all__ = ["renew_round", "give_back_lost"]
+__all__ = ["renew_round", "give_back_lost", "check_round"]
 
 log = logging.getLogger("distlock")
 
@@ -133,3 +133,29 @@ def give_back_lost(wd: Any, holds: List[Hold]) -> None:
             hold.end(hold)
         except Exception as exc:  # noqa: BLE001 - it then ends with its lease
             log.warning("distlock: could not give back %s: %r", hold.key, exc)
+
+
+def check_round(wd: Any, holds: List[Hold]) -> None:
+    """Read, in one pipelined round trip on the watchdog's own connection, whether each of
+    ``holds`` is still in Redis, writing nothing (``Watchdog._witness``): a hold whose key is
+    gone, or whose hash names another token, was granted by a server that restarted since,
+    and is reported lost. Where a read cannot tell (a sorted set has no token to compare), the
+    hold stays as it is. A failure changes nothing: the renewals and the deadline go on."""
+    try:
+        batch = wd._executor().renewal_batch()
+        for hold in holds:
+            batch.command("TYPE", hold.key)
+            batch.command("HGET", hold.key, ":t")
+        replies = batch.execute(raise_on_error=False)
+    except Exception as exc:  # noqa: BLE001 - the next renewal round looks again
+        log.debug("distlock: could not check holds on the watchdog's connection: %r", exc)
+        return
+    for i, hold in enumerate(holds):
+        kind, token = replies[2 * i], replies[2 * i + 1]
+        if isinstance(kind, bytes):
+            kind = kind.decode()
+        if isinstance(token, bytes):
+            token = token.decode()
+        gone = kind == "none" or (isinstance(token, str) and token != str(hold.token))
+        if gone and not hold.lost and not hold.releasing and wd.registered(hold):
+            wd._on_lost(hold, "its server restarted (empty) after it was granted")

@@ -34,9 +34,11 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
+import redis
+
 from .._core.settings import settings
 from .hold import Hold
-from .renewal import renew_round
+from .renewal import check_round, renew_round
 from .wakeup import Wakeup
 from .worker import Worker
 
@@ -104,11 +106,28 @@ class Watchdog:
         if self.closed or not self._renewal_open:
             return  # dropped before this job ran (the thread went idle, or the session closed)
         try:
-            self._executor().open_renewal()
+            uptime = self._executor().open_renewal()
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
             log.debug("distlock: could not open the watchdog's connection: %r", exc)
+            if isinstance(exc, redis.ConnectionError) and not isinstance(exc, redis.TimeoutError):
+                # refused: the server that granted the holds may be gone (a restart)
+                self.suspend(f"the watchdog could not connect to the server ({exc!r})")
+        else:
+            if uptime is not None:
+                self._witness(time.monotonic() - uptime)
         self._drop_if_stale()
         self._kick.set()  # the thread's wait takes the new socket in
+
+    def _witness(self, started: float) -> None:
+        """The watchdog's own connection is open to a server that was up at ``started``
+        (time.monotonic(); up to a second late: INFO counts whole seconds). A FIN on it tells
+        of that server's restart from now on; a hold sent before ``started`` may have been
+        granted by a server that is gone, which nothing would tell: one read on this
+        connection (``renewal.check_round``, which writes nothing) confirms it or reports it
+        lost. Holds sent later were granted by this server: nothing is sent."""
+        holds = [h for h in list(self.holds.values()) if not h.lost and h.sent_at <= started]
+        if holds:
+            check_round(self, holds)
 
     def _drop_if_stale(self) -> None:
         """After I/O on the renewals worker that may have made the watchdog's connection: close

@@ -1299,16 +1299,6 @@ def _watchdog_kept_from_connecting(session: Any) -> Iterator[None]:
         gate.set()
 
 
-#: A known gap of the belief rule, kept as a failing test until it is closed (docs/safety.rst,
-#: "Known gap"): confirming such a hold with a renewal round right after the watchdog's
-#: connection opened closed it, but that round rewrote every first hold of a session and broke
-#: the tests that compare a hold's keys before and after (it was taken back out).
-UNWITNESSED_GAP = pytest.mark.xfail(
-    strict=True, reason="known gap: a hold granted before the watchdog's own connection opened "
-                        "has no witness of a restart (docs/safety.rst)")
-
-
-@UNWITNESSED_GAP
 @pytest.mark.real_redis
 @pytest.mark.parametrize("how", ["restarted", "down"])
 @pytest.mark.parametrize("kind", ["DistLock", "DistRLock"])
