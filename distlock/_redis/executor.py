@@ -232,33 +232,21 @@ class Executor:
                 disconnect_quietly(current[1])
         return self._renewer[1]
 
-    def open_renewal(self) -> Optional[float]:
+    def open_renewal(self) -> bool:
         """Connect the watchdog's own connection now (on the renewal worker, when a session
         gets its first hold), so that a reset of it can be seen before the first renewal
-        (``renewal_reset``), and return how long its server has been up (seconds, whole, as
-        ``INFO`` says; 0.0 when it cannot be read): a hold sent before that server started
-        was granted by another (a restart between the grant and this connection), which no
-        FIN on this connection will tell. None for a client that renews through its own
-        pool (left alone)."""
+        (``renewal_reset``); True when it did. A client that renews through its own pool is
+        left alone (False)."""
         client = self._renewal_client()
         pool = getattr(client, "connection_pool", None)
         if client is self.client or not isinstance(pool, redis.ConnectionPool):
-            return None
+            return False
         conn = taker(pool)()
-        try:
-            conn.send_command("INFO", "server")
-            info = conn.read_response()
-        except redis.ResponseError:  # INFO refused (an ACL): every earlier hold is confirmed
-            info = b""
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
+        pool.release(conn)
         current = self._renewer
         if current is None or current[1] is not client:
             disconnect_quietly(client)  # dropped while it connected: it must not stay open
-        return _uptime(info)
+        return True
 
     def renewal_reset(self, then: Optional[Callable[[], object]] = None) -> bool:
         """True when the server closed an idle connection of the watchdog's own since this was
@@ -435,14 +423,3 @@ def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.
 
 # --- the direct path --------------------------------------------------------------------------
 
-
-def _uptime(info: Any) -> float:
-    """``uptime_in_seconds`` out of a raw ``INFO server`` reply; 0.0 when it has none."""
-    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info)
-    for line in text.splitlines():
-        if line.startswith("uptime_in_seconds:"):
-            try:
-                return float(line.split(":", 1)[1])
-            except ValueError:
-                break
-    return 0.0

@@ -187,9 +187,9 @@ class ClusterExecutor(Executor):
             known = self._renewers[node.name] = (interval, twin)
         return known[1]
 
-    def open_renewal(self) -> Optional[float]:
+    def open_renewal(self) -> bool:
         """Nothing: the watchdog's connection to a node is made with its first renewal."""
-        return None
+        return False
 
     def _renewal_pools(self) -> List[Any]:
         return [twin.connection_pool for _, twin in list(self._renewers.values())

@@ -340,8 +340,9 @@ class QuorumExecutor(FanOut, Executor):
     def renewal_batch(self) -> QuorumBatch:
         return QuorumBatch(self)
 
-    def open_renewal(self) -> Optional[float]:
+    def open_renewal(self) -> bool:
         """Nothing: a master's renewals go through its private twin, made with its client."""
+        return False
 
     def renewal_reset(self, then: Optional[Callable[[], object]] = None) -> bool:
         """Never: a quorum outlives one master's restart (it sits out a lease instead)."""

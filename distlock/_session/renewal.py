@@ -144,18 +144,18 @@ def check_round(wd: Any, holds: List[Hold]) -> None:
     try:
         batch = wd._executor().renewal_batch()
         for hold in holds:
-            batch.command("TYPE", hold.key)
+            batch.command("EXISTS", hold.key)
             batch.command("HGET", hold.key, ":t")
         replies = batch.execute(raise_on_error=False)
     except Exception as exc:  # noqa: BLE001 - the next renewal round looks again
         log.debug("distlock: could not check holds on the watchdog's connection: %r", exc)
         return
     for i, hold in enumerate(holds):
-        kind, token = replies[2 * i], replies[2 * i + 1]
-        if isinstance(kind, bytes):
-            kind = kind.decode()
+        exists, token = replies[2 * i], replies[2 * i + 1]
         if isinstance(token, bytes):
             token = token.decode()
-        gone = kind == "none" or (isinstance(token, str) and token != str(hold.token))
+        # EXISTS and HGET (the documented ACL allows both); HGET of a sorted set is an error
+        # reply: no token to compare, the key's existence tells
+        gone = exists == 0 or (isinstance(token, str) and token != str(hold.token))
         if gone and not hold.lost and not hold.releasing and wd.registered(hold):
             wd._on_lost(hold, "its server restarted (empty) after it was granted")

@@ -105,27 +105,27 @@ class Watchdog:
     def _open_renewal(self) -> None:
         if self.closed or not self._renewal_open:
             return  # dropped before this job ran (the thread went idle, or the session closed)
+        opened = time.monotonic()
         try:
-            uptime = self._executor().open_renewal()
+            made = self._executor().open_renewal()
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
             log.debug("distlock: could not open the watchdog's connection: %r", exc)
             if isinstance(exc, redis.ConnectionError) and not isinstance(exc, redis.TimeoutError):
                 # refused: the server that granted the holds may be gone (a restart)
                 self.suspend(f"the watchdog could not connect to the server ({exc!r})")
         else:
-            if uptime is not None:
-                self._witness(time.monotonic() - uptime)
+            if made:
+                self._witness(opened)
         self._drop_if_stale()
         self._kick.set()  # the thread's wait takes the new socket in
 
-    def _witness(self, started: float) -> None:
-        """The watchdog's own connection is open to a server that was up at ``started``
-        (time.monotonic(); up to a second late: INFO counts whole seconds). A FIN on it tells
-        of that server's restart from now on; a hold sent before ``started`` may have been
-        granted by a server that is gone, which nothing would tell: one read on this
-        connection (``renewal.check_round``, which writes nothing) confirms it or reports it
-        lost. Holds sent later were granted by this server: nothing is sent."""
-        holds = [h for h in list(self.holds.values()) if not h.lost and h.sent_at <= started]
+    def _witness(self, opening: float) -> None:
+        """The watchdog's own connection, which began to open at ``opening``
+        (time.monotonic()), is open: a FIN on it tells of its server's restart from now on. A
+        hold sent before ``opening`` may have been granted by a server that restarted, empty,
+        before the connection was made, which nothing would tell: one read on this connection
+        (``renewal.check_round``, which writes nothing) confirms it or reports it lost."""
+        holds = [h for h in list(self.holds.values()) if not h.lost and h.sent_at <= opening]
         if holds:
             check_round(self, holds)
 
