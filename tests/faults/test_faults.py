@@ -1315,6 +1315,7 @@ def test_a_hold_granted_before_the_watchdog_connected_stops_being_believed_at_a_
     session = session_for(client)
     with _watchdog_kept_from_connecting(session):
         assert lock.acquire(timeout=10)
+        (hold,) = list(session.watchdog.holds.values())
         assert lock.owned()
         if how == "restarted":
             faults.restart_server(backend)
@@ -1323,11 +1324,15 @@ def test_a_hold_granted_before_the_watchdog_connected_stops_being_believed_at_a_
     try:
         assert faults.wait_until(lambda: not lock.owned(), 5.0), \
             "a hold nothing witnessed was believed on after its server restarted"
+        if how == "down":
+            assert hold.suspended and not hold.lost  # refused: suspended, not yet known gone
+        else:
+            assert hold.lost  # read back on the new server: gone
     finally:
         if how == "down":
             backend.server.start()
-        with contextlib.suppress(LockLostError, redis.RedisError):
-            lock.release()
+    with pytest.raises(LockLostError):
+        lock.release()
 
 
 @pytest.mark.real_redis
