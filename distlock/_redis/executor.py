@@ -423,3 +423,4 @@ def located(name: str, exc: redis.exceptions.ResponseError) -> redis.exceptions.
 
 # --- the direct path --------------------------------------------------------------------------
 
+

@@ -1,7 +1,8 @@
 """A watchdog's renewal round (``renew_round``, run on its ``renewals`` worker): every
 watchdog hold renewed, and every hold suspended by a reset confirmed, in one pipelined round
-trip. ``wd`` is the ``_session.watchdog.Watchdog`` whose
-round it is (not imported here: that module imports this one)."""
+trip; and the read that checks holds granted before the watchdog's connection opened
+(``check_round``). ``wd`` is the ``_session.watchdog.Watchdog`` whose round it is (not
+imported here: that module imports this one)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ from .._core.settings import settings
 from .hold import Hold
 from .metrics import renewed
 
-__all__ = ["renew_round", "give_back_lost", "check_round"]
+__all__ = ["renew_round", "give_back_lost", "check_round", "refused"]
 
 log = logging.getLogger("distlock")
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc``, met talking to the server, says the server may be gone (a restart: the
+    connection was refused or reset), which suspends belief in the holds; a timeout says only
+    that it is slow."""
+    return isinstance(exc, redis.ConnectionError) and not isinstance(exc, redis.TimeoutError)
 
 
 def renew_round(wd: Any) -> Optional[float]:
@@ -66,7 +74,7 @@ def renew_round(wd: Any) -> Optional[float]:
         replies = batch.execute(raise_on_error=False) if holds else []
     except Exception as exc:  # noqa: BLE001 - any failure: retry, and report what ran out
         log.warning("distlock: watchdog could not renew %d hold(s): %r", len(holds), exc)
-        if isinstance(exc, redis.ConnectionError) and not isinstance(exc, redis.TimeoutError):
+        if refused(exc):
             wd.suspend(f"the connection to the server failed ({exc!r})")
         failures: Dict[Any, List[int]] = {}
         for hold in holds:
@@ -121,6 +129,7 @@ def renew_round(wd: Any) -> Optional[float]:
                                     "last acknowledged lease ran out")
         give_back_lost(wd, unacked)
     return retry if failed else None
+
 
 def give_back_lost(wd: Any, holds: List[Hold]) -> None:
     """Holds just reported lost while Redis still has them (their renewals went through on

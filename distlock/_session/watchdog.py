@@ -34,11 +34,9 @@ import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
-import redis
-
 from .._core.settings import settings
 from .hold import Hold
-from .renewal import check_round, renew_round
+from .renewal import check_round, refused, renew_round
 from .wakeup import Wakeup
 from .worker import Worker
 
@@ -110,8 +108,7 @@ class Watchdog:
             made = self._executor().open_renewal()
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
             log.debug("distlock: could not open the watchdog's connection: %r", exc)
-            if isinstance(exc, redis.ConnectionError) and not isinstance(exc, redis.TimeoutError):
-                # refused: the server that granted the holds may be gone (a restart)
+            if refused(exc):  # the server that granted the holds may be gone (a restart)
                 self.suspend(f"the watchdog could not connect to the server ({exc!r})")
         else:
             if made:
