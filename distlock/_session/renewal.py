@@ -167,4 +167,5 @@ def check_round(wd: Any, holds: List[Hold]) -> None:
         # reply: no token to compare, the key's existence tells
         gone = exists == 0 or (isinstance(token, str) and token != str(hold.token))
         if gone and not hold.lost and not hold.releasing and wd.registered(hold):
-            wd._on_lost(hold, "its server restarted (empty) after it was granted")
+            wd._on_lost(hold, "the watchdog's first read found it gone or someone else's "
+                              "(its server restarted, or the key was removed, after the grant)")

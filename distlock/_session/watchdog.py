@@ -222,6 +222,19 @@ class Watchdog:
         deadlines = [h.expires_at for h in list(self.holds.values()) if not h.lost]
         return min(deadlines) if deadlines else None
 
+    def _renew_at(self, last_round: float, interval: float) -> float:
+        """When the next renewal round is due: ``interval`` after the last one ended, or
+        earlier, one ``renew_interval`` before a renewed hold's deadline. A grant that arrives
+        with little of its lease left (a Redlock grant that waited out a stopped master's
+        reply bound is valid for its lease less that wait) is renewed in time, not at the
+        regular round that may come after its deadline. Never sooner than a quarter interval
+        after the last round, so a server that fails every renewal is not asked back to back."""
+        every = settings().renew_interval
+        due = [h.expires_at - every for h in list(self.holds.values()) if h.watchdog and not h.lost]
+        if not due:
+            return last_round + interval
+        return min(last_round + interval, max(min(due), last_round + every / 4))
+
     # --- the thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -255,7 +268,7 @@ class Watchdog:
                 # Read the interval afresh each time: configure() may have shortened it (and
                 # the lease with it) since the last round.
                 interval = retry_after if retry_after is not None else settings().renew_interval
-                renew_at = last_round + interval
+                renew_at = self._renew_at(last_round, interval)
                 now = time.monotonic()
                 with self.mutex:
                     if self._idle_locked():
