@@ -156,8 +156,13 @@ def check_round(wd: Any, holds: List[Hold]) -> None:
             batch.command("EXISTS", hold.key)
             batch.command("HGET", hold.key, ":t")
         replies = batch.execute(raise_on_error=False)
-    except Exception as exc:  # noqa: BLE001 - the next renewal round looks again
+    except Exception as exc:  # noqa: BLE001 - see below
         log.debug("distlock: could not check holds on the watchdog's connection: %r", exc)
+        if refused(exc):
+            # the server that granted them may be gone: suspended, the holds are confirmed
+            # (or lost) by the round that suspension calls for, fixed leases included, which
+            # the regular rounds do not renew
+            wd.suspend(f"the watchdog could not read its holds back ({exc!r})")
         return
     for i, hold in enumerate(holds):
         exists, token = replies[2 * i], replies[2 * i + 1]

@@ -122,7 +122,11 @@ class Watchdog:
         hold sent before ``opening`` may have been granted by a server that restarted, empty,
         before the connection was made, which nothing would tell: one read on this connection
         (``renewal.check_round``, which writes nothing) confirms it or reports it lost."""
-        holds = [h for h in list(self.holds.values()) if not h.lost and h.sent_at <= opening]
+        # grants only (a lock's hold, a permit: what tells its primitives of a loss). A waiter's
+        # lease (a barrier's, a condition's) may be gone by right: the barrier tripped, the
+        # last waiter was notified; its renewal says it has no loss to report, and so does this
+        holds = [h for h in list(self.holds.values())
+                 if not h.lost and h.notify is not None and h.sent_at <= opening]
         if holds:
             check_round(self, holds)
 
@@ -281,7 +285,11 @@ class Watchdog:
                     self._idle = idle_since is not None
                 # Look again every TICK (a release that dropped the last hold need not wake it:
                 # that costs a thread switch), and at the earliest deadline, to end belief on time.
-                wait = min(TICK, renew_at - now if idle_since is None else idle_since + IDLE_EXIT - now)
+                # While a round is in flight, its end (a kick) is what the thread waits for, not
+                # ``renew_at``, which has passed: waiting 0 s on it would spin until the end.
+                busy = self._round_busy
+                due = 0.0 if self._confirm and not busy else TICK if busy else renew_at - now
+                wait = min(TICK, due if idle_since is None else idle_since + IDLE_EXIT - now)
                 timed = self._timed
                 if timed:
                     wait = min(wait, timed[0][0] - now)
@@ -298,6 +306,8 @@ class Watchdog:
                 self._quiet_sockets = by_socket and not reset
                 if self._round_busy:
                     continue  # one round at a time; its end wakes the thread
+                if self._round_ended is not None:
+                    continue  # a round ended during the wait: the next is due from its end
                 if not self._confirm and time.monotonic() < renew_at:
                     continue  # woken for a deadline, deferred work, or to check for idleness
                 self._confirm = False
