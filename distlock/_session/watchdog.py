@@ -221,23 +221,32 @@ class Watchdog:
                 and not self._round_busy and not self.chores.busy
                 and not any(not h.lost for h in list(self.holds.values())))
 
-    def _earliest_deadline(self) -> Optional[float]:
-        """The earliest local deadline of a hold that is still believed, or None."""
-        deadlines = [h.expires_at for h in list(self.holds.values()) if not h.lost]
-        return min(deadlines) if deadlines else None
-
-    def _renew_at(self, last_round: float, interval: float) -> float:
-        """When the next renewal round is due: ``interval`` after the last one ended, or
-        earlier, one ``renew_interval`` before a renewed hold's deadline. A grant that arrives
-        with little of its lease left (a Redlock grant that waited out a stopped master's
-        reply bound is valid for its lease less that wait) is renewed in time, not at the
-        regular round that may come after its deadline. Never sooner than a quarter interval
-        after the last round, so a server that fails every renewal is not asked back to back."""
+    def _times(self) -> Tuple[Optional[float], Optional[float]]:
+        """One pass over the holds: the earliest local deadline of a hold still believed, and
+        the earliest time a renewed hold's round falls due (one ``renew_interval`` before its
+        deadline; see ``_renew_at``); None where there is no such hold."""
         every = settings().renew_interval
-        due = [h.expires_at - every for h in list(self.holds.values()) if h.watchdog and not h.lost]
-        if not due:
+        deadline: Optional[float] = None
+        renew_by: Optional[float] = None
+        for h in list(self.holds.values()):
+            if h.lost:
+                continue
+            if deadline is None or h.expires_at < deadline:
+                deadline = h.expires_at
+            if h.watchdog and (renew_by is None or h.expires_at - every < renew_by):
+                renew_by = h.expires_at - every
+        return deadline, renew_by
+
+    def _renew_at(self, last_round: float, interval: float, renew_by: Optional[float]) -> float:
+        """When the next renewal round is due: ``interval`` after the last one ended, or
+        earlier, at ``renew_by`` (``_times``). A grant that arrives with little of its lease
+        left (a Redlock grant that waited out a stopped master's reply bound is valid for its
+        lease less that wait) is renewed in time, not at the regular round that may come after
+        its deadline. Never sooner than a quarter interval after the last round, so a server
+        that fails every renewal is not asked back to back."""
+        if renew_by is None:
             return last_round + interval
-        return min(last_round + interval, max(min(due), last_round + every / 4))
+        return min(last_round + interval, max(renew_by, last_round + settings().renew_interval / 4))
 
     # --- the thread ---------------------------------------------------------------------------
 
@@ -272,7 +281,8 @@ class Watchdog:
                 # Read the interval afresh each time: configure() may have shortened it (and
                 # the lease with it) since the last round.
                 interval = retry_after if retry_after is not None else settings().renew_interval
-                renew_at = self._renew_at(last_round, interval)
+                deadline, renew_by = self._times()
+                renew_at = self._renew_at(last_round, interval, renew_by)
                 now = time.monotonic()
                 with self.mutex:
                     if self._idle_locked():
@@ -287,13 +297,17 @@ class Watchdog:
                 # that costs a thread switch), and at the earliest deadline, to end belief on time.
                 # While a round is in flight, its end (a kick) is what the thread waits for, not
                 # ``renew_at``, which has passed: waiting 0 s on it would spin until the end.
-                busy = self._round_busy
-                due = 0.0 if self._confirm and not busy else TICK if busy else renew_at - now
-                wait = min(TICK, due if idle_since is None else idle_since + IDLE_EXIT - now)
+                if idle_since is not None:
+                    wait = min(TICK, idle_since + IDLE_EXIT - now)
+                elif self._round_busy:
+                    wait = TICK
+                elif self._confirm:
+                    wait = 0.0  # a suspension asked for a round at once
+                else:
+                    wait = min(TICK, renew_at - now)
                 timed = self._timed
                 if timed:
                     wait = min(wait, timed[0][0] - now)
-                deadline = self._earliest_deadline()
                 if deadline is not None:
                     wait = min(wait, deadline - now)
                 by_socket = self._kick.wait(max(0.0, wait), self._watched())

@@ -4,7 +4,7 @@ reads, and what a failed read does. No thread, no server."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 import pytest
 import redis
@@ -44,22 +44,26 @@ class _Executor:
 
 
 @pytest.fixture
-def lost() -> Iterator[List[Any]]:
-    made: List[Any] = []
-    yield made
-    for wd in _made:
+def lost() -> List[Any]:
+    """What the watchdogs of a test reported lost: (key, cause)."""
+    return []
+
+
+@pytest.fixture
+def watchdog(lost: List[Any]) -> Iterator[Callable[[_Executor], Watchdog]]:
+    """Make watchdogs on stub executors; each is closed after the test (a suspension starts
+    its thread)."""
+    made: List[Watchdog] = []
+
+    def make(executor: _Executor) -> Watchdog:
+        wd = Watchdog(lambda: executor, "read-back", lambda hold, cause: lost.append((hold.key, cause)))
+        made.append(wd)
+        return wd
+
+    yield make
+    for wd in made:
         wd.holds.clear()
-        wd.close(join=True)  # a suspension starts the thread: it ends here
-    _made.clear()
-
-
-_made: List[Watchdog] = []
-
-
-def _watchdog(executor: _Executor, lost: List[Any]) -> Watchdog:
-    wd = Watchdog(lambda: executor, "read-back", lambda hold, cause: lost.append((hold.key, cause)))
-    _made.append(wd)
-    return wd
+        wd.close(join=True)
 
 
 def _hold(wd: Watchdog, key: str, *, token: int, grant: bool) -> Hold:
@@ -70,11 +74,11 @@ def _hold(wd: Watchdog, key: str, *, token: int, grant: bool) -> Hold:
     return hold
 
 
-def test_only_grants_are_read_back(lost: List[Any]) -> None:
+def test_only_grants_are_read_back(watchdog: Any, lost: List[Any]) -> None:
     """A barrier's or a condition's waiter lease may be gone by right (the barrier tripped, the
     last waiter was notified): it is not read, and not reported lost."""
     executor = _Executor(replies=[0, None])
-    wd = _watchdog(executor, lost)
+    wd = watchdog(executor)
     _hold(wd, "lock", token=7, grant=True)
     waiters = _hold(wd, "waiters", token=0, grant=False)
     wd._witness(1.0)
@@ -83,32 +87,32 @@ def test_only_grants_are_read_back(lost: List[Any]) -> None:
     assert not waiters.lost and not waiters.suspended
 
 
-def test_a_hold_with_another_token_is_reported_lost(lost: List[Any]) -> None:
-    wd = _watchdog(_Executor(replies=[1, b"8"]), lost)
+def test_a_hold_with_another_token_is_reported_lost(watchdog: Any, lost: List[Any]) -> None:
+    wd = watchdog(_Executor(replies=[1, b"8"]))
     _hold(wd, "lock", token=7, grant=True)
     wd._witness(1.0)
     assert [key for key, _ in lost] == ["lock"]
 
 
-def test_a_hold_still_there_is_left_believed(lost: List[Any]) -> None:
-    wd = _watchdog(_Executor(replies=[1, b"7"]), lost)
+def test_a_hold_still_there_is_left_believed(watchdog: Any, lost: List[Any]) -> None:
+    wd = watchdog(_Executor(replies=[1, b"7"]))
     hold = _hold(wd, "lock", token=7, grant=True)
     wd._witness(1.0)
     assert lost == [] and not hold.suspended
 
 
-def test_a_refused_read_suspends_the_holds(lost: List[Any]) -> None:
+def test_a_refused_read_suspends_the_holds(watchdog: Any, lost: List[Any]) -> None:
     """The server that granted them may be gone: a fixed lease, which no regular round renews,
     is not believed until the round that the suspension calls for confirms it."""
-    wd = _watchdog(_Executor(error=redis.ConnectionError("refused")), lost)
+    wd = watchdog(_Executor(error=redis.ConnectionError("refused")))
     hold = _hold(wd, "lock", token=7, grant=True)
     wd._witness(1.0)
     assert hold.suspended and not hold.believed() and wd._confirm
     assert lost == []
 
 
-def test_a_slow_read_changes_nothing(lost: List[Any]) -> None:
-    wd = _watchdog(_Executor(error=redis.TimeoutError("slow")), lost)
+def test_a_slow_read_changes_nothing(watchdog: Any, lost: List[Any]) -> None:
+    wd = watchdog(_Executor(error=redis.TimeoutError("slow")))
     hold = _hold(wd, "lock", token=7, grant=True)
     wd._witness(1.0)
     assert not hold.suspended and lost == []

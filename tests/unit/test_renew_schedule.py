@@ -1,5 +1,5 @@
-"""When the watchdog's next renewal round is due (``Watchdog._renew_at``): a pure function of
-the holds' deadlines and the last round, tested with no thread and no server."""
+"""When the watchdog's next renewal round is due (``Watchdog._times`` and ``_renew_at``): a pure
+function of the holds' deadlines and the last round, tested with no thread and no server."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ def wd() -> Iterator[Watchdog]:
         reset_settings()
 
 
+def _due(wd: Watchdog, last_round: float, interval: float) -> float:
+    return wd._renew_at(last_round, interval, wd._times()[1])
+
+
 def _hold(wd: Watchdog, name: str, sent_at: float, *, lease: float = 2.0, watchdog: bool = True) -> Hold:
     hold = Hold(None, name, "owner", token=1, count=1, watchdog=watchdog,
                 lease_ms=int(lease * 1000), sent_at=sent_at, renew=lambda *a: None)
@@ -31,12 +35,12 @@ def _hold(wd: Watchdog, name: str, sent_at: float, *, lease: float = 2.0, watchd
 
 
 def test_with_no_holds_the_round_comes_one_interval_after_the_last(wd: Watchdog) -> None:
-    assert wd._renew_at(100.0, 0.5) == pytest.approx(100.5)
+    assert _due(wd, 100.0, 0.5) == pytest.approx(100.5)
 
 
 def test_a_hold_with_its_lease_ahead_keeps_the_regular_round(wd: Watchdog) -> None:
     _hold(wd, "k", sent_at=100.0)  # deadline 102.0
-    assert wd._renew_at(100.0, 0.5) == pytest.approx(100.5)
+    assert _due(wd, 100.0, 0.5) == pytest.approx(100.5)
 
 
 def test_a_grant_with_little_left_is_renewed_one_interval_before_its_deadline(wd: Watchdog) -> None:
@@ -44,7 +48,7 @@ def test_a_grant_with_little_left_is_renewed_one_interval_before_its_deadline(wd
     regular round, 0.5 s after a round that ended late, would come after its deadline."""
     hold = _hold(wd, "k", sent_at=99.0)
     hold.expires_at = 100.9
-    assert wd._renew_at(100.2, 0.9) == pytest.approx(100.4)
+    assert _due(wd, 100.2, 0.9) == pytest.approx(100.4)
 
 
 def test_never_sooner_than_a_quarter_interval_after_the_last_round(wd: Watchdog) -> None:
@@ -52,7 +56,7 @@ def test_never_sooner_than_a_quarter_interval_after_the_last_round(wd: Watchdog)
     at a quarter interval, not back to back."""
     hold = _hold(wd, "k", sent_at=98.0)
     hold.expires_at = 100.3
-    assert wd._renew_at(100.0, 1.0) == pytest.approx(100.125)
+    assert _due(wd, 100.0, 1.0) == pytest.approx(100.125)
 
 
 def test_fixed_leases_and_lost_holds_do_not_move_the_round(wd: Watchdog) -> None:
@@ -61,4 +65,6 @@ def test_fixed_leases_and_lost_holds_do_not_move_the_round(wd: Watchdog) -> None
     lost = _hold(wd, "lost", sent_at=99.0)
     lost.expires_at = 100.1
     lost.lost = True
-    assert wd._renew_at(100.0, 0.5) == pytest.approx(100.5)
+    assert _due(wd, 100.0, 0.5) == pytest.approx(100.5)
+    # the fixed lease still has its deadline kept (the thread wakes for it); the lost one not
+    assert wd._times()[0] == pytest.approx(100.1)
