@@ -16,8 +16,8 @@ from ._primitives.lock import DistLock, DistRLock
 from ._primitives.rwlock import DistReadWriteLock
 from ._primitives.semaphore import DistBoundedSemaphore, DistSemaphore
 from ._session.config import configure
+from ._session.live import metrics
 from ._session.metrics import reset as reset_metrics
-from ._session.metrics import snapshot as metrics
 
 __all__ = [
     "DistLock",

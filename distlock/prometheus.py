@@ -17,7 +17,9 @@ It reads ``distlock.metrics()`` at every scrape and exposes, labelled by ``kind`
 - ``distlock_wait_seconds``, ``distlock_hold_seconds``, ``distlock_renew_seconds``:
   histograms (from the first try to the grant or the give-up; from a grant to its end; the
   watchdog's batched renewal round trip);
-- ``distlock_lost_total``, ``distlock_renewals_total``, ``distlock_renew_failures_total``.
+- ``distlock_lost_total``, ``distlock_renewals_total``, ``distlock_renew_failures_total``;
+- ``distlock_oldest_hold_seconds``: a gauge, the age of the oldest hold this process has now
+  (only for a kind and group with a live hold).
 
 Recording costs the same whether or not a collector is registered; scraping costs a copy of
 the figures.
@@ -27,10 +29,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Tuple
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ._session.metrics import snapshot
+from ._session.live import metrics
 
 __all__ = ["DistlockCollector"]
 
@@ -51,7 +53,8 @@ class DistlockCollector(Collector):
     """Exposes ``distlock.metrics()`` to prometheus_client at every scrape."""
 
     def collect(self) -> Iterator[Any]:
-        series = snapshot()["series"]
+        figures = metrics()
+        series = figures["series"]
         acquire = CounterMetricFamily("distlock_acquire", "Acquires and waits, by outcome",
                                       labels=_LABELS + ["outcome"])
         counters = {
@@ -85,6 +88,14 @@ class DistlockCollector(Collector):
             for field, hist in histograms.items():
                 h = data[field]
                 hist.add_metric(labels, _buckets(h), float(h["sum"]))
+        oldest = GaugeMetricFamily("distlock_oldest_hold_seconds",
+                                   "Age of the oldest hold this process has now", labels=_LABELS)
+        ages: Dict[Tuple[str, str], float] = {}
+        for hold in figures["holds"]:  # oldest first: the first of each (kind, group) is its oldest
+            ages.setdefault((hold["kind"], hold["group"]), hold["age"])
+        for (kind, group), age in ages.items():
+            oldest.add_metric([kind, group], age)
         yield acquire
         yield from counters.values()
         yield from histograms.values()
+        yield oldest

@@ -77,6 +77,26 @@ def check_lease(lease: object) -> Optional[float]:
     return check_seconds(lease, "lease")
 
 
+def check_max_hold(value: object) -> Optional[float]:
+    """``max_hold``: None (the ``configure()`` default), ``math.inf`` (no cap), or a positive
+    number of seconds; TypeError or ValueError otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, float) and math.isinf(value) and value > 0:
+        return math.inf
+    return check_seconds(value, "max_hold")
+
+
+def refuse_max_hold(lock: object, max_hold: object) -> None:
+    """A condition's ``max_hold`` caps the holds of the lock it makes: with a lock of the
+    caller's own, TypeError (the cap is that lock's). Checked like the lock's own otherwise."""
+    if max_hold is None:
+        return
+    if lock is not None:
+        raise TypeError("max_hold is the lock's: give it to the lock the condition waits on")
+    check_max_hold(max_hold)
+
+
 def check_try_lock_timeout(timeout: object) -> Optional[float]:
     """``try_lock`` timeout: ``None`` waits forever, otherwise a non-negative finite number."""
     if timeout is None:

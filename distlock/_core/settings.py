@@ -9,7 +9,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Optional
 
-from .checks import check_retention, check_seconds
+from .checks import check_max_hold, check_retention, check_seconds
 from .replicas import DEFAULT_REPLICA_TIMEOUT, check_min_replicas, check_replica_timeout
 
 #: ``Settings.barge_limit``'s default, seconds: see docs/guides/locks.rst, "Even shares"
@@ -42,6 +42,9 @@ class Settings:
       by waiting keeps it for this over the number of processes taking turns, then yields it to
       the one that has waited longest; 0: it yields at every contended release; ``math.inf``:
       never (pure barging). See docs/guides/locks.rst, "Even shares under contention".
+    - ``max_hold``: the longest any hold may be kept, in seconds, for primitives made without
+      their own ``max_hold`` (``math.inf``, the default: no cap). At the cap the hold is given
+      back and reported lost. See docs/guides/bound.rst.
     """
 
     prefix: str = "distlock:"
@@ -54,6 +57,7 @@ class Settings:
     min_replicas: int = 0
     replica_timeout: float = DEFAULT_REPLICA_TIMEOUT
     barge_limit: float = DEFAULT_BARGE_LIMIT
+    max_hold: float = math.inf
     #: Redlock (``client=[...]``): the clock drift allowed per hold, in seconds; None: 1% of
     #: the lease plus 2 ms (see ``_core.quorum.drift``)
     redlock_drift: Optional[float] = None
@@ -107,6 +111,7 @@ def changed(
     replica_timeout: Optional[float] = None,
     redlock_drift: Optional[float] = None,
     barge_limit: Optional[float] = None,
+    max_hold: Optional[float] = None,
 ) -> Settings:
     """The settings in force with the given ones changed (``None``: unchanged), checked; nothing
     is installed (see ``install``). TypeError or ValueError on a bad value."""
@@ -137,6 +142,8 @@ def changed(
         changes["redlock_drift"] = check_drift(redlock_drift)
     if barge_limit is not None:
         changes["barge_limit"] = check_barge_limit(barge_limit)
+    if max_hold is not None:
+        changes["max_hold"] = check_max_hold(max_hold)
     new = replace(_settings, **changes)
     if new.renew_interval >= new.lease:
         raise ValueError("renew_interval must be shorter than lease")

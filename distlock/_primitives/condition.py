@@ -32,7 +32,7 @@ from typing import Any, Callable, List, Optional, Set, Tuple, TypeVar
 
 import redis
 
-from .._core.checks import check_name, check_wait_timeout
+from .._core.checks import check_name, check_wait_timeout, refuse_max_hold
 from .._core.deadlines import lease_ms
 from .._core.errors import LockLostError, LockNotOwnedError
 from .._core.flow import Flow, Read, Run
@@ -96,8 +96,9 @@ _NOT_RELEASED = ("distlock", "not released")
 class DistCondition(SessionUser):
     """``threading.Condition`` shared by every process and host that names it on one Redis.
 
-    ``DistCondition(name, lock=None, *, client=None)``: ``lock`` defaults to a new
-    ``DistRLock(name)``. Any object with ``acquire``/``release`` is accepted, as by
+    ``DistCondition(name, lock=None, *, client=None, max_hold=None)``: ``lock`` defaults to a
+    new ``DistRLock(name, max_hold=max_hold)`` (``max_hold`` with a lock of your own:
+    TypeError). Any object with ``acquire``/``release`` is accepted, as by
     ``threading.Condition``; with a DistLock or DistRLock the condition's keys carry the lock's
     hash tag (one cluster slot) and ``wait()`` releases the lock and joins the queue in one
     atomic step. Every process that shares the condition must give it the same name and a lock
@@ -119,13 +120,15 @@ class DistCondition(SessionUser):
     release: Callable[..., Any]
 
     def __init__(self, name: str, lock: Any = None, *, client: ClientArg = None,
-                 min_replicas: Any = None, replica_timeout: Any = None) -> None:
+                 min_replicas: Any = None, replica_timeout: Any = None,
+                 max_hold: Optional[float] = None) -> None:
         self._name = check_name(name)
         refuse_options(type(self).__name__, min_replicas, replica_timeout)
+        refuse_max_hold(lock, max_hold)
         if client is not None:
             check_client(client, type(self).__name__)
         if lock is None:
-            lock = DistRLock(name, client=client)
+            lock = DistRLock(name, client=client, max_hold=max_hold)
         self._lock = lock
         # The lock's own methods, as threading.Condition exports them.
         self.acquire = lock.acquire

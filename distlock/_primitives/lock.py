@@ -57,9 +57,9 @@ class DistLock(_LockBase):
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
                  min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
-                 fair: bool = False) -> None:
+                 fair: bool = False, max_hold: Optional[float] = None) -> None:
         super().__init__(name, client=client, lease=lease, min_replicas=min_replicas,
-                         replica_timeout=replica_timeout, fair=fair)
+                         replica_timeout=replica_timeout, fair=fair, max_hold=max_hold)
         self._hold: Optional[Hold] = None
         self._mutex = threading.Lock()
         # refers to the keys, not to this object, so that an abandoned object can be collected

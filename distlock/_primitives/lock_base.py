@@ -29,6 +29,7 @@ from .._redis import QUORUM, topology
 from .._redis.clients import ClientArg, check_client
 from .._redis.executor import Batch
 from .._session.session import Hold, Session, SessionUser, Waiter, add_lost_callback, fire_lost
+from .aging import Aging
 from .engine import Waiting, waiting_flow
 from .fair import FairWaiting, check_fair, fair_release, first_try, refuse_fair_quorum
 from .lock_wait import QUORUM_RETRY_MS, _finish_release, _LockWaiting, _nudge
@@ -36,9 +37,7 @@ from .lost import reentry_lost, settle_release, surplus
 
 log = logging.getLogger("distlock")
 
-
 _UNSET: Any = object()
-
 
 #: a fair lock's grants are made by other processes' releases too (the hand-off), which have
 #: no caller to wait for replicas: the two options do not combine (yet)
@@ -48,7 +47,7 @@ FAIR_REPLICAS = "min_replicas does not apply to a fair lock: use one or the othe
 T = TypeVar("T")
 
 
-class _LockBase(SessionUser):
+class _LockBase(SessionUser, Aging):
     """The logic both locks share: the acquire loop, leases, tokens, callbacks.
 
     Subclasses say who the owner is (``_owner_for``), where the hold is kept (``_current`` /
@@ -62,8 +61,9 @@ class _LockBase(SessionUser):
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
                  min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
-                 fair: bool = False) -> None:
+                 fair: bool = False, max_hold: Optional[float] = None) -> None:
         self._name = check_name(name)
+        self._init_aging(max_hold)
         self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
         #: a Redlock quorum (a list of masters): asked once, not per acquire
         self._quorum = topology(client) == QUORUM
@@ -375,6 +375,7 @@ class _LockBase(SessionUser):
                     notify=_notify_lost, meter=self._meter, grant=True, acks=self._acks())
         hold.expires_at -= session.executor.margin(ms)  # a Redlock hold: its clock drift
         hold.listeners.add(self)
+        self._age(hold)
         self._remember(hold)
         session.add_hold(hold)
         return hold

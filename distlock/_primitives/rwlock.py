@@ -116,9 +116,10 @@ class _RWSide(_ThreadOwned):
     _kind = "RWSide"
 
     def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float],
-                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
+                 max_hold: Optional[float] = None) -> None:
         super().__init__(name, client=client, lease=lease, min_replicas=min_replicas,
-                         replica_timeout=replica_timeout)
+                         replica_timeout=replica_timeout, max_hold=max_hold)
         self._rw = rw
 
     # --- the family's acquire (``_LockBase._acquire``), with a side's queue ----------------
@@ -223,9 +224,10 @@ class DistReadLock(_RWSide):
     _metric_kind = "read"
 
     def __init__(self, name: str, rw: RWKeys, *, client: ClientArg, lease: Optional[float],
-                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
+                 max_hold: Optional[float] = None) -> None:
         super().__init__(name, rw, client=client, lease=lease, min_replicas=min_replicas,
-                         replica_timeout=replica_timeout)
+                         replica_timeout=replica_timeout, max_hold=max_hold)
         # a read hold is a member of the readers' sorted set, renewed as such
         self._renew_fn = functools.partial(_renew_reader, rw.fence)
 
@@ -444,17 +446,19 @@ class DistReadWriteLock:
     ``lease`` (None: the watchdog keeps holds alive while the process lives; a number of
     seconds: each hold expires by itself after that long), and ``min_replicas`` /
     ``replica_timeout`` (each grant, read or write, counts only once that many replicas
-    acknowledged it: see docs/guides/replicas.rst), for both sides.
+    acknowledged it: see docs/guides/replicas.rst) and ``max_hold`` (the cap on each hold:
+    docs/guides/bound.rst), for both sides.
     """
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
-                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
+                 max_hold: Optional[float] = None) -> None:
         self._name = check_name(name)
         check_lease(lease)
         rw = RWKeys.of(settings().prefix, self._name)
-        self._read = DistReadLock(self._name, rw, client=client, lease=lease,
+        self._read = DistReadLock(self._name, rw, client=client, lease=lease, max_hold=max_hold,
                                   min_replicas=min_replicas, replica_timeout=replica_timeout)
-        self._write = DistWriteLock(self._name, rw, client=client, lease=lease,
+        self._write = DistWriteLock(self._name, rw, client=client, lease=lease, max_hold=max_hold,
                                     min_replicas=min_replicas, replica_timeout=replica_timeout)
 
     @property

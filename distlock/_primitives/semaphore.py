@@ -42,6 +42,7 @@ from .._core.settings import settings
 from .._core.wait_policy import LAST, WAIT
 from .._redis.clients import ClientArg, check_client
 from .._session.session import Hold, Session, SessionUser, add_lost_callback, fire_lost
+from .aging import Aging
 from .engine import Waiting, waiting_flow
 from .lost import settle_permits_release
 
@@ -137,7 +138,7 @@ if hasattr(os, "register_at_fork"):
 _MISMATCH_TRIES = 3
 
 
-class DistSemaphore(SessionUser):
+class DistSemaphore(SessionUser, Aging):
     """``threading.Semaphore`` shared by every process and host that names it on one Redis.
 
     ``DistSemaphore(name, value=1, *, client=None, lease=None)``. The count starts at ``value``;
@@ -173,20 +174,20 @@ class DistSemaphore(SessionUser):
 
     Keyword-only options: ``client`` (a ``redis.Redis`` or a URL; default: see ``configure``),
     ``lease`` (None: the watchdog keeps permits alive while the process lives; seconds:
-    each permit expires by itself after that long), and ``min_replicas`` / ``replica_timeout``
-    (a permit counts only once that many replicas acknowledged its grant, else acquire raises
-    NotEnoughReplicasError: see docs/guides/replicas.rst).
+    each permit expires by itself after that long), ``min_replicas`` / ``replica_timeout`` (a
+    permit counts only once that many replicas acknowledged its grant, else acquire raises
+    NotEnoughReplicasError: docs/guides/replicas.rst), ``max_hold`` (docs/guides/bound.rst).
     """
 
     _metric_kind = "semaphore"
-
     _bounded = False
 
     def __init__(self, name: str, value: int = 1, *, client: ClientArg = None,
                  lease: Optional[float] = None, min_replicas: Optional[int] = None,
-                 replica_timeout: Optional[float] = None) -> None:
+                 replica_timeout: Optional[float] = None, max_hold: Optional[float] = None) -> None:
         self._name = check_name(name)
         self._initial = check_sem_value(value)
+        self._init_aging(max_hold)
         self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
         if client is not None:
             check_client(client, type(self).__name__)
@@ -424,6 +425,7 @@ class DistSemaphore(SessionUser):
                     lease_ms=ms, sent_at=sent_at, renew=self._renewer(), end=self._end,
                     notify=DistSemaphore._fire_lost, meter=self._metered(), grant=True, acks=self._acks())
         hold.listeners.add(self)
+        self._age(hold)
         session.add_hold(hold)
 
     def _end(self, hold: Hold) -> None:

@@ -44,6 +44,7 @@ def configure(
     replica_timeout: Optional[float] = None,
     redlock_drift: Optional[float] = None,
     barge_limit: Optional[float] = None,
+    max_hold: Optional[float] = None,
 ) -> Settings:
     """Set the default client and/or the process-wide settings; return the settings in force.
 
@@ -59,7 +60,7 @@ def configure(
     new = changed(prefix=prefix, lease=lease, renew_interval=renew_interval, wait_cap=wait_cap,
                   fence_retention=fence_retention, metric_group=metric_group,
                   min_replicas=min_replicas, replica_timeout=replica_timeout,
-                  redlock_drift=redlock_drift, barge_limit=barge_limit)
+                  redlock_drift=redlock_drift, barge_limit=barge_limit, max_hold=max_hold)
     install(new)
     with _lock:
         if client is not None and is_async_client(client):

@@ -6,13 +6,15 @@ its lease, less the executor's clock margin (a Redlock quorum's drift). Past it,
 hold is ``lost`` or ``suspended`` (its server's connection was reset and no renewal has
 confirmed it since), ``believed()`` is False and ``valid_for()`` is 0.0, whatever I/O is in
 flight: no round trip is needed to stop believing. The watchdog fires ``on_lost`` at that
-deadline (``watchdog``)."""
+deadline (``watchdog``). A hold made with ``max_hold`` is also not believed past its cap
+(``cap_at``), where the watchdog reports it lost and gives it back."""
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from .metrics import Meter
 
@@ -40,7 +42,7 @@ class Hold:
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
         "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
         "pending", "acks", "suspended", "ran_out", "unbelieved_at", "sent_at",
-        "__weakref__",
+        "cap_at", "max_hold", "alarms", "__weakref__",
     )
 
     def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
@@ -94,13 +96,31 @@ class Hold:
         #: is believed (a deadline that passed ends it at ``expires_at``). The nemesis records
         #: a belief's end from it (``distlock.testing``)
         self.unbelieved_at = 0.0
+        #: the cap (``max_hold`` seconds after the grant was sent, time.monotonic()): there the
+        #: watchdog reports the hold lost and gives it back; inf: no cap (see ``capped``)
+        self.cap_at = math.inf
+        self.max_hold = math.inf
+        #: ``on_long_hold`` alarms still to fire: (when, callback), earliest first; the
+        #: watchdog thread runs each once, at its time, while the hold lives
+        self.alarms: List[Tuple[float, Callable[[], Any]]] = []
+
+    def capped(self, max_hold: float) -> None:
+        """Cap the hold at ``max_hold`` seconds from its grant's send (inf: no cap)."""
+        self.max_hold = max_hold
+        self.cap_at = self.sent_at + max_hold
+
+    def alarm(self, seconds: float, callback: Callable[[], Any]) -> None:
+        """Run ``callback`` in the watchdog thread once the hold is ``seconds`` old."""
+        self.alarms.append((self.sent_at + seconds, callback))
+        self.alarms.sort(key=lambda alarm: alarm[0])
 
     def believed(self) -> bool:
         """True while the holder may believe it holds: not lost, not suspended, and before its
         local deadline (the belief rule, above). No round trip: a non-blocking look at the
         watchdog's idle connection (``Watchdog.look_for_reset``) suspends the hold here if its
         server has closed it since the watchdog thread last looked."""
-        if self.lost or self.suspended or time.monotonic() >= self.expires_at:
+        now = time.monotonic()
+        if self.lost or self.suspended or now >= self.expires_at or now >= self.cap_at:
             return False
         self.session.watchdog.look_for_reset()
         return not self.lost and not self.suspended
@@ -108,9 +128,11 @@ class Hold:
     def valid_for_if_confirmed(self) -> float:
         """``valid_for`` as it would be were the hold not suspended (what a confirmation may
         renew a fixed lease to)."""
-        return 0.0 if self.lost else max(0.0, self.expires_at - time.monotonic())
+        return 0.0 if self.lost else max(0.0, min(self.expires_at, self.cap_at) - time.monotonic())
 
     def valid_for(self) -> float:
         """Seconds for which the hold is still known to be valid (0.0 once it is not believed).
         No round trip."""
-        return max(0.0, self.expires_at - time.monotonic()) if self.believed() else 0.0
+        if not self.believed():
+            return 0.0
+        return max(0.0, min(self.expires_at, self.cap_at) - time.monotonic())

@@ -175,13 +175,19 @@ class Session:
                 notify(listener)
 
     def ran_out(self, hold: Hold) -> bool:
-        """True when ``hold`` is lost; a hold whose local deadline has passed is reported lost
-        here and now (as the watchdog thread does at the deadline), so that a release just
+        """True when ``hold`` is lost; a hold whose local deadline (or cap) has passed is
+        reported lost here and now (as the watchdog thread does at the deadline), so that a release just
         after the deadline sees the loss whichever thread runs first."""
-        if not hold.lost and not hold.releasing and time.monotonic() >= hold.expires_at:
+        now = time.monotonic()
+        if not hold.lost and not hold.releasing and now >= min(hold.expires_at, hold.cap_at):
             hold.ran_out = True
-            self.mark_lost(hold, "its lease ran out unrenewed" if hold.watchdog
-                           else f"its lease of {hold.lease_ms / 1000.0:g} s ran out")
+            if now >= hold.cap_at:
+                cause = f"held longer than max_hold ({hold.max_hold:g} s)"
+            elif hold.watchdog:
+                cause = "its lease ran out unrenewed"
+            else:
+                cause = f"its lease of {hold.lease_ms / 1000.0:g} s ran out"
+            self.mark_lost(hold, cause)
         return hold.lost
 
     def busy(self) -> bool:

@@ -28,6 +28,7 @@ with neither; it starts again on demand.
 from __future__ import annotations
 
 import collections
+import functools
 import heapq
 import logging
 import threading
@@ -36,7 +37,7 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from .._core.settings import settings
 from .hold import Hold
-from .renewal import check_round, refused, renew_round
+from .renewal import check_round, give_back_lost, refused, renew_round
 from .wakeup import Wakeup
 from .worker import Worker
 
@@ -222,7 +223,8 @@ class Watchdog:
                 and not any(not h.lost for h in list(self.holds.values())))
 
     def _times(self) -> Tuple[Optional[float], Optional[float]]:
-        """One pass over the holds: the earliest local deadline of a hold still believed, and
+        """One pass over the holds: the earliest local deadline, cap or alarm of a hold still
+        believed, and
         the earliest time a renewed hold's round falls due (one ``renew_interval`` before its
         deadline; see ``_renew_at``); None where there is no such hold."""
         every = settings().renew_interval
@@ -231,8 +233,9 @@ class Watchdog:
         for h in list(self.holds.values()):
             if h.lost:
                 continue
-            if deadline is None or h.expires_at < deadline:
-                deadline = h.expires_at
+            due = min(h.expires_at, h.cap_at, h.alarms[0][0]) if h.alarms else min(h.expires_at, h.cap_at)
+            if deadline is None or due < deadline:
+                deadline = due
             if h.watchdog and (renew_by is None or h.expires_at - every < renew_by):
                 renew_by = h.expires_at - every
         return deadline, renew_by
@@ -369,11 +372,24 @@ class Watchdog:
                 self._drop_if_stale()
 
     def _expire_due(self) -> None:
-        """End belief in every hold whose local deadline has passed (no I/O): ``on_lost``
-        fires now, whatever renewal is in flight."""
+        """End belief in every hold whose local deadline or cap has passed (no I/O): ``on_lost``
+        fires now, whatever renewal is in flight; a capped hold is then given back on the
+        ``chores`` worker. Run the ``on_long_hold`` alarms that fell due."""
         now = time.monotonic()
         for hold in list(self.holds.values()):
-            if hold.lost or hold.releasing or now < hold.expires_at:
+            if hold.lost or hold.releasing:
+                continue
+            while hold.alarms and hold.alarms[0][0] <= now:
+                try:
+                    hold.alarms.pop(0)[1]()
+                except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
+                    log.exception("distlock: on_long_hold callback failed")
+            if now >= hold.cap_at:
+                hold.ran_out = True
+                self._on_lost(hold, f"held longer than max_hold ({hold.max_hold:g} s)")
+                self.chores.submit(functools.partial(give_back_lost, self, [hold]))
+                continue
+            if now < hold.expires_at:
                 continue
             if hold.watchdog:
                 cause = "its lease ran out unrenewed"

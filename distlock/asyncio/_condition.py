@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Optional, TypeVar
 
-from .._core.checks import check_name
+from .._core.checks import check_name, refuse_max_hold
 from .._core.flow import Query, Started
 from .._core.replicas import refuse_options
 from .._primitives import condition as _condition
@@ -32,13 +32,15 @@ class DistCondition(AsyncShell, _condition.DistCondition):
     _atomic_types = (DistLock, DistRLock)
 
     def __init__(self, name: str, lock: Any = None, *, client: Any = None,
-                 min_replicas: Any = None, replica_timeout: Any = None) -> None:
+                 min_replicas: Any = None, replica_timeout: Any = None,
+                 max_hold: Optional[float] = None) -> None:
         check_name(name)
         refuse_options(type(self).__name__, min_replicas, replica_timeout)
+        refuse_max_hold(lock, max_hold)
         if client is not None:  # before the default lock's own check, which names DistLock
             check_async_client(client, type(self).__name__)
         if lock is None:
-            lock = DistLock(name, client=client)
+            lock = DistLock(name, client=client, max_hold=max_hold)
         elif not isinstance(lock, _AsyncLock):
             raise TypeError("lock must be a distlock.asyncio lock (DistLock, DistRLock, or a side "
                             f"of a DistReadWriteLock), not {type(lock).__name__}")

@@ -36,15 +36,16 @@ class DistReadWriteLock(_rwlock.DistReadWriteLock):
     ``distlock.DistReadWriteLock`` of that name."""
 
     def __init__(self, name: str, *, client: Any = None, lease: Optional[float] = None,
-                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None) -> None:
+                 min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
+                 max_hold: Optional[float] = None) -> None:
         self._name = check_name(name)
         check_lease(lease)
         if client is not None:  # before the sides' own checks, which name DistReadLock
             check_async_client(client, "DistReadWriteLock")
         rw = RWKeys.of(settings().prefix, self._name)
-        self._read = DistReadLock(self._name, rw, client=client, lease=lease,
+        self._read = DistReadLock(self._name, rw, client=client, lease=lease, max_hold=max_hold,
                                   min_replicas=min_replicas, replica_timeout=replica_timeout)
-        self._write = DistWriteLock(self._name, rw, client=client, lease=lease,
+        self._write = DistWriteLock(self._name, rw, client=client, lease=lease, max_hold=max_hold,
                                     min_replicas=min_replicas, replica_timeout=replica_timeout)
 
     def __repr__(self) -> str:

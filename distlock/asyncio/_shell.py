@@ -9,7 +9,7 @@ checks and the bookkeeping, and only replaces the public methods:
 - queries (``locked``, ``is_set``...) return a ``Query``, which is not a truth value.
 
 Holds belong to the server's blocking session (``AsyncPort.session``), whose watchdog thread
-renews them; ``on_lost`` callbacks run in the primitive's loop.
+renews them; ``on_lost`` and ``on_long_hold`` callbacks run in the primitive's loop.
 """
 
 from __future__ import annotations
@@ -101,15 +101,22 @@ class AsyncShell:
         """Run the ``on_lost`` callbacks in this primitive's loop: a plain function through
         ``call_soon_threadsafe``, a coroutine function as a task. Called from the watchdog
         thread, or from the loop itself (a release that found the hold gone)."""
-        loop = self._loop_ref() if self._loop_ref is not None else None
         for callback in list(self._lost_callbacks):
-            if loop is None or loop.is_closed():
-                log.warning("distlock: on_lost callback %r not run: its event loop is gone", callback)
-                continue
-            try:
-                loop.call_soon_threadsafe(_run_callback, callback, self)
-            except RuntimeError:  # closed meanwhile
-                log.warning("distlock: on_lost callback %r not run: its event loop is gone", callback)
+            self._in_loop(callback)
+
+    def _ring_long(self, callback: Callable[[Any], Any]) -> None:
+        """An ``on_long_hold`` alarm, from the watchdog thread: run it in the loop too."""
+        self._in_loop(callback)
+
+    def _in_loop(self, callback: Callable[[Any], Any]) -> None:
+        loop = self._loop_ref() if self._loop_ref is not None else None
+        if loop is None or loop.is_closed():
+            log.warning("distlock: callback %r not run: its event loop is gone", callback)
+            return
+        try:
+            loop.call_soon_threadsafe(_run_callback, callback, self)
+        except RuntimeError:  # closed meanwhile
+            log.warning("distlock: callback %r not run: its event loop is gone", callback)
 
 
 def _run_callback(callback: Callable[[Any], Any], subject: Any) -> None:
@@ -123,7 +130,7 @@ def _run_callback(callback: Callable[[Any], Any], subject: Any) -> None:
         else:
             callback(subject)
     except Exception:  # noqa: BLE001 - a callback must not break the loop
-        log.exception("distlock: on_lost callback %r failed", callback)
+        log.exception("distlock: callback %r failed", callback)
 
 
 #: callback tasks still running (the loop keeps only weak references to its tasks)
@@ -133,7 +140,7 @@ _tasks: set[asyncio.Future[Any]] = set()
 def _callback_done(task: asyncio.Future[Any]) -> None:
     _tasks.discard(task)
     if not task.cancelled() and task.exception() is not None:
-        log.error("distlock: on_lost callback failed", exc_info=task.exception())
+        log.error("distlock: callback failed", exc_info=task.exception())
 
 
 #: the ident of every task that asked for one, for as long as the task exists
