@@ -45,8 +45,25 @@ class LockLostError(LockNotOwnedError):
     """The caller held the primitive, but its lease ran out or someone took it over.
 
     Raised by ``release()`` after the hold was found gone or owned by someone else, by the
-    watchdog's renewal, by the release script, or by a force-release.
+    watchdog's renewal, by the release script, or by a force-release, and at the end of a
+    bound block (``bound()``) whose hold was lost. ``cause`` says why, where it is known
+    ("held longer than max_hold (5 s)", "its lease ran out unrenewed", ...), else None; it
+    survives pickling with ``name`` and ``token``.
     """
+
+    def __init__(self, message: str = "", *, name: Optional[str] = None,
+                 token: Optional[int] = None, cause: Optional[str] = None) -> None:
+        super().__init__(message, name=name, token=token)
+        self.cause = cause
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (_rebuild_lost, (type(self), str(self), self.name, self.token, self.cause))
+
+
+def _rebuild_lost(cls: Any, message: str, name: Optional[str], token: Optional[int],
+                  cause: Optional[str]) -> Any:
+    """Unpickle a LockLostError (or subclass) with its keyword-only data."""
+    return cls(message, name=name, token=token, cause=cause)
 
 
 def _rebuild(cls: Any, message: str, name: Optional[str], token: Optional[int]) -> Any:

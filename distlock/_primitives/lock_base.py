@@ -400,7 +400,7 @@ class _LockBase(SessionUser, Aging):
                 except redis.RedisError:
                     pass  # it then ends with its lease in Redis
             raise LockLostError(f"lease on {self._name!r} was lost before release",
-                                name=self._name, token=hold.token)
+                                name=self._name, token=hold.token, cause=hold.cause)
         hold.releasing = True  # a renewal racing this release must not call the hold lost
         depth = hold.count
         try:
@@ -431,7 +431,7 @@ class _LockBase(SessionUser, Aging):
             session.drop_hold(hold)
             session.mark_lost(hold)
             raise LockLostError(f"lease on {self._name!r} was lost before release",
-                                name=self._name, token=hold.token)
+                                name=self._name, token=hold.token, cause=hold.cause)
         left = hold.count = outcome.left  # type: ignore[union-attr]  # Released
         if left == 0:
             self._forget(hold)

@@ -42,7 +42,7 @@ class Hold:
         "session", "key", "owner", "token", "count", "watchdog", "lease_ms", "expires_at",
         "lost", "listeners", "notify", "renew", "end", "releasing", "pin", "meter", "granted_at",
         "pending", "acks", "suspended", "ran_out", "unbelieved_at", "sent_at",
-        "cap_at", "max_hold", "alarms", "__weakref__",
+        "cap_at", "max_hold", "alarms", "cause", "__weakref__",
     )
 
     def __init__(self, session: Any, key: str, owner: str, *, token: int, count: int,
@@ -103,6 +103,8 @@ class Hold:
         #: ``on_long_hold`` alarms still to fire: (when, callback), earliest first; the
         #: watchdog thread runs each once, at its time, while the hold lives
         self.alarms: List[Tuple[float, Callable[[], Any]]] = []
+        #: why it was reported lost (``Session.mark_lost``); None while it is not
+        self.cause: Optional[str] = None
 
     def capped(self, max_hold: float) -> None:
         """Cap the hold at ``max_hold`` seconds from its grant's send (inf: no cap)."""

@@ -160,6 +160,7 @@ class Session:
             if hold.lost:
                 return
             hold.lost = True
+            hold.cause = cause
             hold.unbelieved_at = hold.unbelieved_at or time.monotonic()
         meter = hold.meter
         name = meter.name if meter is not None else hold.key

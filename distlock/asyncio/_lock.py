@@ -14,6 +14,7 @@ from .._core.checks import check_acquire_args
 from .._core.flow import Query, Started, adrive
 from .._primitives import lock as _lock
 from .._primitives.lock_base import _UNSET, _LockBase
+from ._bound import BoundHold
 from ._shell import AsyncShell, task_ident
 
 __all__ = ["DistLock", "DistRLock"]
@@ -60,6 +61,15 @@ class _AsyncLock(AsyncShell, _LockBase):
         if held is not None and not started.done():
             held.pending = started  # the task's next acquire waits for it (see ``_settled``)
         return started
+
+    def bound(self, blocking: bool = True, timeout: float = -1) -> BoundHold:
+        """``async with lock.bound():`` takes the lock (``acquire``'s arguments; TimeoutError
+        when it is not taken), runs the block, and releases. When the hold is lost while the
+        block runs (its lease ran out unrenewed, its local deadline or ``max_hold`` passed,
+        someone took it over), the block is cancelled at its next await and the ``async
+        with`` raises ``LockLostError``, with the hold's ``name``, ``token`` and ``cause``;
+        the task is left with no cancellation pending. See docs/guides/bound.rst."""
+        return BoundHold(self, blocking, timeout)
 
     async def __aenter__(self) -> None:
         await self.acquire()

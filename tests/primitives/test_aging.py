@@ -12,7 +12,7 @@ import logging
 import math
 import threading
 import uuid
-from typing import Any, List
+from typing import Any, Iterator, List
 
 import pytest
 from _aio import run_in_loop
@@ -29,8 +29,18 @@ from distlock import (
     DistSemaphore,
     LockLostError,
 )
+from distlock._session import metrics as _metrics
 
 pytestmark = pytest.mark.real_redis
+
+
+@pytest.fixture(autouse=True)
+def fresh_metrics() -> Iterator[None]:
+    """Groups are counted per process, at most 100: earlier tests' names must not crowd
+    these tests' groups into ``other``."""
+    _metrics.reset()
+    yield
+    _metrics.reset()
 
 #: short enough to pass during a test, long enough that the holder sees its hold first
 CAP = 0.4
