@@ -30,6 +30,7 @@ from .._redis.clients import ClientArg, check_client
 from .._redis.executor import Batch
 from .._session.session import Hold, Session, SessionUser, Waiter, add_lost_callback, fire_lost
 from .aging import Aging
+from .bound import Bindable
 from .engine import Waiting, waiting_flow
 from .fair import FairWaiting, check_fair, fair_release, first_try, refuse_fair_quorum
 from .lock_wait import QUORUM_RETRY_MS, _finish_release, _LockWaiting, _nudge
@@ -43,11 +44,10 @@ _UNSET: Any = object()
 #: no caller to wait for replicas: the two options do not combine (yet)
 FAIR_REPLICAS = "min_replicas does not apply to a fair lock: use one or the other"
 
-
 T = TypeVar("T")
 
 
-class _LockBase(SessionUser, Aging):
+class _LockBase(SessionUser, Aging, Bindable):
     """The logic both locks share: the acquire loop, leases, tokens, callbacks.
 
     Subclasses say who the owner is (``_owner_for``), where the hold is kept (``_current`` /
