@@ -104,7 +104,6 @@ class Watchdog:
     def _open_renewal(self) -> None:
         if self.closed or not self._renewal_open:
             return  # dropped before this job ran (the thread went idle, or the session closed)
-        opened = time.monotonic()
         try:
             made = self._executor().open_renewal()
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
@@ -113,16 +112,16 @@ class Watchdog:
                 self.suspend(f"the watchdog could not connect to the server ({exc!r})")
         else:
             if made:
-                self._witness(opened)
+                self._witness(time.monotonic())  # once it is open: see _witness
         self._drop_if_stale()
         self._kick.set()  # the thread's wait takes the new socket in
 
     def _witness(self, opening: float) -> None:
-        """The watchdog's own connection, which began to open at ``opening``
-        (time.monotonic()), is open: a FIN on it tells of its server's restart from now on. A
-        hold sent before ``opening`` may have been granted by a server that restarted, empty,
-        before the connection was made, which nothing would tell: one read on this connection
-        (``renewal.check_round``, which writes nothing) confirms it or reports it lost."""
+        """The watchdog's own connection is open, as of ``opening`` (time.monotonic(), read
+        once it was made): a FIN on it tells of its server's restart from now on. A hold sent
+        before ``opening`` may have been granted by a server that restarted, empty, before the
+        connection was made (or while it was being made), which nothing would tell: one read
+        on this connection (``renewal.check_round``, which writes nothing) confirms it or reports it lost."""
         # grants only (a lock's hold, a permit: what tells its primitives of a loss). A waiter's
         # lease (a barrier's, a condition's) may be gone by right: the barrier tripped, the
         # last waiter was notified; its renewal says it has no loss to report, and so does this
