@@ -7,8 +7,13 @@ thread with ``PyThreadState_SetAsyncExc``, which takes an exception *class* and 
 between two bytecodes. So the class is ``_Interrupt``, a LockLostError whose instance, made in
 the holding thread, reads the name, token and cause from the scope that fired (``_pending``).
 
-Exactly one interrupt is in flight per thread (``_pending``), and a scope fires at most once:
-it must take its own entry out of ``_armed`` first, which its exit also does. No Python lock
+Exactly one interrupt is in flight per thread (``_pending``, taken out when it is delivered or
+cleared), and a scope fires at most once: it must take its own entry out of ``_armed`` first,
+which its exit also does, and it does not interrupt a thread that is in the scope's own enter
+or exit (``_OWN``; the exit then raises). A window is left: the holding thread may move into
+the exit between that look and the raise (a switch of the GIL in the firing thread); the
+interrupt then surfaces raw from the ``with`` statement, before the exit gave back the hold,
+which the holder's next ``release()`` reports lost. No Python lock
 is held by the holding thread at any point where the interrupt could be raised (it would stay
 held). An exit that finds its scope already fired waits for the ``SetAsyncExc`` to be made,
 then clears it if it was not delivered yet; one delivered inside the exit is caught there. The
@@ -57,7 +62,7 @@ class _Interrupt(LockLostError):
 
     def __init__(self, message: str = "", *, name: Optional[str] = None,
                  token: Optional[int] = None, cause: Optional[str] = None) -> None:
-        scope = None if message else _pending.get(threading.get_ident())
+        scope = None if message else _pending.pop(threading.get_ident(), None)  # delivered
         if scope is not None:
             name, token, cause = scope.name, scope.token, scope.cause
             message = f"the hold of {name!r} was lost in its bound block: {cause}"
@@ -92,12 +97,13 @@ class ThreadBound:
         if not self._lock.acquire(*self._args):
             raise TimeoutError(f"bound(): {self.name!r} could not be acquired"
                                + ("" if self._args[0] else " (blocking=False)"))
-        hold = self._hold = self._lock._current(self._lock._session())
+        session = self._lock._session()
+        hold = self._hold = self._lock._current(session)
         self.token, self._tid = hold.token, threading.get_ident()
-        _armed[(self._tid, id(self))] = self
         hold.listeners.add(self)
-        if not hold.believed():  # lost between the grant and here
-            self._fire_lost()
+        if session.ran_out(hold):  # lost between the grant and here (a suspension is not a loss)
+            self._end(False, None)  # gives back what is left, and raises LockLostError
+        _armed[(self._tid, id(self))] = self  # last: from here on the loss interrupts the block
         return self
 
     def _fire_lost(self) -> None:
@@ -111,8 +117,14 @@ class ThreadBound:
         if _armed.pop((tid, id(self)), None) is not self:
             _pending.pop(tid, None)  # the exit came first: nothing to interrupt
             return
-        _raise_in(tid, _Interrupt)
-        self._sent = True
+        try:
+            frame = sys._current_frames().get(tid)
+            if frame is not None and frame.f_code in _OWN:
+                _pending.pop(tid, None)  # the thread is in the scope's own enter or exit, where
+                return                   # it must not be interrupted: the exit raises instead
+            _raise_in(tid, _Interrupt)
+        finally:
+            self._sent = True  # whatever happened, the exit must not wait for it
 
     def _disarm(self) -> None:
         """Take the scope out of ``_armed``; if the loss came first, wait for its interrupt to
@@ -134,6 +146,10 @@ class ThreadBound:
                 break
             except _Interrupt as late:  # raised in this exit, before it was cleared
                 interrupted, exc = True, late
+        self._end(interrupted, exc)
+
+    def _end(self, interrupted: bool, exc: Optional[BaseException]) -> None:
+        """Give back what is left of the hold; raise LockLostError if it was lost."""
         hold = self._hold
         hold.listeners.discard(self)
         lost_error: Optional[LockLostError] = None
@@ -146,6 +162,12 @@ class ThreadBound:
             raise LockLostError(f"the hold of {self.name!r} was lost in its bound block"
                                 + (f": {cause}" if cause else ""),
                                 name=self.name, token=self.token, cause=cause) from exc
+
+
+#: the code the holding thread runs in the scope itself: an interrupt there could leave the
+#: scope's own bookkeeping half done, so the loss is left to the exit (which raises) instead
+_OWN = frozenset(f.__code__ for f in (ThreadBound.__enter__, ThreadBound.__exit__,
+                                      ThreadBound._disarm))
 
 
 class Bindable:

@@ -343,7 +343,7 @@ class _LockBase(SessionUser, Aging, Bindable):
         return _LockWaiting(self, session, owner, ms, count, watchdog)
 
     def _reenter(self, session: Session, held: Hold, ms: int, count: int, watchdog: bool) -> Flow[bool]:
-        if held.lost:
+        if session.ran_out(held):  # lost, or past its local deadline or cap
             raise LockLostError(f"lease on {self._name!r} was lost; cannot re-enter it",
                                 name=self._name, token=held.token)
         try:

@@ -230,7 +230,7 @@ class Watchdog:
         deadline: Optional[float] = None
         renew_by: Optional[float] = None
         for h in list(self.holds.values()):
-            if h.lost:
+            if h.lost or h.releasing:  # a release in flight ends it: ``_expire_due`` skips it too
                 continue
             due = min(h.expires_at, h.cap_at, h.alarms[0][0]) if h.alarms else min(h.expires_at, h.cap_at)
             if deadline is None or due < deadline:

@@ -44,6 +44,7 @@ class BoundHold:
         self._hold: Any = None
         self._active = False
         self._cancelled = False  # the scope cancelled the task
+        self._base = 0
 
     async def __aenter__(self) -> BoundHold:
         if self._task is not None:
@@ -56,10 +57,13 @@ class BoundHold:
         if not await self._lock.acquire(blocking, timeout):
             raise TimeoutError(f"bound(): {self._lock.name!r} could not be acquired"
                                + ("" if blocking else " (blocking=False)"))
-        hold = self._hold = self._lock._current(self._lock._port().session)
+        session = self._lock._port().session
+        hold = self._hold = self._lock._current(session)
+        #: what the task had of cancellations on entry: the exit's ``uncancel`` compares with it
+        self._base = task.cancelling() if sys.version_info >= (3, 11) else 0
         self._active = True
         hold.listeners.add(self)
-        if not hold.believed():  # lost between the grant and here
+        if session.ran_out(hold):  # lost between the grant and here (a suspension is not a loss)
             self._fire_lost()
         return self
 
@@ -86,7 +90,7 @@ class BoundHold:
         hold.listeners.discard(self)
         outside = False  # a cancellation from outside is pending too (3.11+ can tell)
         if self._cancelled and sys.version_info >= (3, 11):
-            outside = task.uncancel() > 0
+            outside = task.uncancel() > self._base
         try:
             await self._lock.release()  # what is left of the hold; LockLostError if it was lost
             released_lost = None

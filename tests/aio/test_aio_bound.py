@@ -187,3 +187,43 @@ def test_lock_lost_error_pickles_with_its_cause() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert (type(again), str(again), again.name, again.token, again.cause) == \
         (LockLostError, "lost", "n", 7, "held longer than max_hold (1 s)")
+
+
+def test_a_suspended_hold_is_not_a_loss(url: str, client: redis.Redis) -> None:
+    """A suspension (the watchdog's connection was reset) stops belief until a renewal
+    confirms the hold; it does not stop the block, which the confirmation lets run on."""
+    distlock.configure(lease=5.0, renew_interval=0.1)
+    name = _name()
+
+    async def body(ac: Any) -> None:
+        lock = aio.DistLock(name, client=ac)
+        async with lock.bound():
+            session = lock._port().session
+            session.watchdog.suspend("test: as if the connection was reset")
+            for _ in range(int(BOUND / 0.02)):
+                if lock.owned():
+                    break
+                await asyncio.sleep(0.02)
+            assert lock.owned()  # confirmed, and the block was never cancelled
+        _no_cancellation_pending()
+    run(url, body)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Task.cancelling is 3.11+")
+def test_a_cancellation_the_task_swallowed_before_does_not_hide_the_loss(
+        url: str, client: redis.Redis) -> None:
+    async def body(ac: Any) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        try:
+            await asyncio.sleep(1)
+        except asyncio.CancelledError:
+            pass  # swallowed, not uncancelled: the task keeps cancelling() == 1
+        base = task.cancelling()
+        lock = aio.DistLock(_name(), client=ac, max_hold=CAP)
+        with pytest.raises(LockLostError):
+            async with lock.bound():
+                await asyncio.sleep(BOUND)
+        assert task.cancelling() == base
+    run(url, body)

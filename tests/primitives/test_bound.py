@@ -199,3 +199,37 @@ def test_the_refusal_matches_what_this_python_does() -> None:
     skipped = result.returncode != 0 or int(result.stdout.strip() or "1") > 0
     if skipped:
         assert UNSAFE, f"this Python skips finally on an async exception: {result.stderr[-500:]}"
+
+
+@unsafe_here
+def test_a_hold_lost_before_the_block_raises_at_once(client: Any, monkeypatch: Any) -> None:
+    name = _name()
+    lock = DistLock(name, client=client)
+    real = lock.acquire
+
+    def acquire_then_lose(*args: Any) -> bool:
+        got = real(*args)
+        hold = lock._hold
+        assert hold is not None
+        hold.cap_at = 0.0  # past its cap before the block starts
+        return got
+
+    monkeypatch.setattr(lock, "acquire", acquire_then_lose)
+    ran: List[str] = []
+    with pytest.raises(LockLostError, match="max_hold"):
+        with lock.bound():
+            ran.append("block")
+    assert ran == [] and not client.exists(f"distlock:{{{name}}}")
+
+
+@unsafe_here
+def test_a_suspended_hold_does_not_interrupt(client: Any) -> None:
+    distlock.configure(lease=5.0, renew_interval=0.1)
+    lock = DistLock(_name(), client=client)
+    with lock.bound():
+        lock._session().watchdog.suspend("test: as if the connection was reset")
+        end = time.monotonic() + BOUND
+        while not lock.owned():
+            assert time.monotonic() < end
+            time.sleep(0.01)
+    assert not lock.owned()
