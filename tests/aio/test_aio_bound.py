@@ -73,13 +73,13 @@ def test_a_lost_hold_stops_the_block_and_the_exit_raises(url: str, client: redis
         lock = aio.DistLock(name, client=ac, **kwargs)
         reached: List[str] = []
         with pytest.raises(LockLostError) as caught:
-            async with lock.bound():
-                token = lock.token
+            async with lock.bound() as scope:
+                token = scope._hold.token  # (lock.token is None once the hold is lost)
+                reached.append("start")
                 if how == "takeover":  # someone else's hold now: the next renewal finds it
                     await asyncio.get_running_loop().run_in_executor(
                         None, lambda: client.hset(f"distlock:{{{name}}}", ":t", 1))
-                reached.append("start")
-                await asyncio.sleep(BOUND)  # cancelled here when the hold is lost
+                await asyncio.sleep(BOUND)  # cancelled here (or at the await above)
                 reached.append("end")
         assert reached == ["start"]
         error = caught.value
