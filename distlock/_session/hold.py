@@ -116,6 +116,15 @@ class Hold:
         self.alarms.append((self.sent_at + seconds, callback))
         self.alarms.sort(key=lambda alarm: alarm[0])
 
+    def end_cause(self, now: float) -> str:
+        """Why belief in the hold ended at ``now``, past its cap or its local deadline (the
+        cause ``on_lost`` is told, whichever thread saw it first)."""
+        if now >= self.cap_at:
+            return f"held longer than max_hold ({self.max_hold:g} s)"
+        if self.watchdog:
+            return "its lease ran out unrenewed"
+        return f"its lease of {self.lease_ms / 1000.0:g} s ran out"
+
     def believed(self) -> bool:
         """True while the holder may believe it holds: not lost, not suspended, and before its
         local deadline (the belief rule, above). No round trip: a non-blocking look at the

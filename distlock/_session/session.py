@@ -182,13 +182,7 @@ class Session:
         now = time.monotonic()
         if not hold.lost and not hold.releasing and now >= min(hold.expires_at, hold.cap_at):
             hold.ran_out = True
-            if now >= hold.cap_at:
-                cause = f"held longer than max_hold ({hold.max_hold:g} s)"
-            elif hold.watchdog:
-                cause = "its lease ran out unrenewed"
-            else:
-                cause = f"its lease of {hold.lease_ms / 1000.0:g} s ran out"
-            self.mark_lost(hold, cause)
+            self.mark_lost(hold, hold.end_cause(now))
         return hold.lost
 
     def busy(self) -> bool:

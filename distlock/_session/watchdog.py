@@ -383,19 +383,12 @@ class Watchdog:
                     hold.alarms.pop(0)[1]()
                 except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
                     log.exception("distlock: on_long_hold callback failed")
-            if now >= hold.cap_at:
-                hold.ran_out = True
-                self._on_lost(hold, f"held longer than max_hold ({hold.max_hold:g} s)")
-                self.chores.submit(functools.partial(give_back_lost, self, [hold]))
+            if now < min(hold.expires_at, hold.cap_at):
                 continue
-            if now < hold.expires_at:
-                continue
-            if hold.watchdog:
-                cause = "its lease ran out unrenewed"
-            else:
-                cause = f"its lease of {hold.lease_ms / 1000.0:g} s ran out"
             hold.ran_out = True
-            self._on_lost(hold, cause)
+            self._on_lost(hold, hold.end_cause(now))
+            if now >= hold.cap_at:  # capped: Redis must not keep it for up to a lease more
+                self.chores.submit(functools.partial(give_back_lost, self, [hold]))
 
     def _hand_off_chores(self) -> None:
         """Give the due clean-ups (deferred, timed, abandoned holds) to the ``chores`` worker."""
