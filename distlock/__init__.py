@@ -11,6 +11,7 @@ from ._core.errors import (
 from ._core.settings import Settings
 from ._primitives.barrier import DistBarrier
 from ._primitives.condition import DistCondition
+from ._primitives.election import DistElection, Leader, Leadership
 from ._primitives.event import DistEvent
 from ._primitives.lock import DistLock, DistRLock
 from ._primitives.rwlock import DistReadWriteLock
@@ -28,6 +29,9 @@ __all__ = [
     "DistBoundedSemaphore",
     "DistEvent",
     "DistBarrier",
+    "DistElection",
+    "Leadership",
+    "Leader",
     "configure",
     "Settings",
     "metrics",

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import redis
 
+from .._core.election import split_info
 from .._core.keys import unescape_name
 
 __all__ = [
@@ -172,16 +173,10 @@ def parse_owner(owner: str, count: int, host: Optional[str] = None, pid: Optiona
 
 
 def parse_info(info: Optional[str]) -> Tuple[Optional[str], Optional[int]]:
-    """``host:pid`` -> (host, pid); tolerant of hosts that contain colons."""
-    if not info:
-        return None, None
-    host, sep, pid = info.rpartition(":")
-    if not sep:
-        return info, None
-    try:
-        return host, int(pid)
-    except ValueError:
-        return info, None
+    """``host:pid`` (and an election's `` <value>`` after it) -> (host, pid); tolerant of
+    hosts that contain colons."""
+    host, pid, _value = split_info(info)
+    return host, pid
 
 
 def guess_kind(owners: Sequence[Owner], recorded: Optional[str]) -> str:

@@ -75,6 +75,7 @@ class FairLock(Protocol):
 
     _keys: Keys
     _fair_keys: FairKeys
+    _holder: str
 
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
                ms: int, sent_at: float) -> Hold: ...
@@ -90,7 +91,7 @@ def fair_try(lock: FairLock, session: Session, owner: str, ms: int, count: int, 
     ``mode``: 'w' queue (or stay queued), 'n' leave the queue when refused. A reply that was
     lost is followed by ``fair_leave``, which gives back whatever the try may have granted."""
     s = settings()
-    args = (owner, ms, s.fence_retention_ms, session.info, nonce, count,
+    args = (owner, ms, s.fence_retention_ms, session.info + lock._holder, nonce, count,
             lock._keys.waiter_channel(session.id), entry_lease_ms(s.wait_cap), mode)
     try:
         return int((yield Run("fair_acquire", lock._fair_keys.acquire, args)))

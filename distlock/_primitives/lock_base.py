@@ -54,10 +54,11 @@ class _LockBase(SessionUser, Aging, Bindable):
     ``_remember`` / ``_forget``) and how an unowned release is worded.
     """
 
-    _reentrant = "0"
-    _unowned_message = "release unlocked lock"
+    _reentrant, _unowned_message = "0", "release unlocked lock"
     #: what a repr puts before the class name (the asyncio shell: ``asyncio.``)
     _repr_prefix = ""
+    #: what follows ``host:pid`` in the info of its holds (an election's value, ``_core.election``)
+    _holder = ""
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
                  min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
@@ -77,17 +78,15 @@ class _LockBase(SessionUser, Aging, Bindable):
         if fair and self._min_replicas:
             raise TypeError(FAIR_REPLICAS)
         self._keys = Keys(settings().prefix, self._name)
-        #: the fair queue's keys (``_primitives.fair``); a plain try reads its deadlines too, so that it
-        #: never jumps a fair queue
+        #: the fair queue's keys (``_primitives.fair``); a plain try reads them too: no queue jumping
         self._fair_keys = FairKeys(self._keys)
         #: the yield rule applies (``_core.shares``): a default lock on one server or a cluster (a
         #: Redlock quorum's masters could keep the lock for different processes)
         self._shares = not self._fair and not self._quorum
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
                               self._fair_keys.deadlines, *self._keys.others, *self._keys.rw)
-        #: what the watchdog calls to queue one renewal of a hold of this primitive, and what
-        #: gives a whole hold back (at interpreter exit; see ``Session.release_all``): made
-        #: once, not per grant
+        #: what the watchdog calls to queue one renewal of a hold of this primitive, and what gives
+        #: a whole hold back (at interpreter exit; see ``Session.release_all``): made once
         self._renew_fn: Callable[[Any, Hold, int], Any] = functools.partial(
             _renew_exclusive, self._keys.fence)
         self._end_fn: Callable[[Hold], Any] = self._end
@@ -198,7 +197,7 @@ class _LockBase(SessionUser, Aging, Bindable):
         creates no grant: it does not); too few, and the grant is given back and
         NotEnoughReplicasError raised."""
         keys = self._acquire_keys
-        args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info)
+        args: Tuple[Any, ...] = (owner, ms, ms + settings().fence_retention_ms, session.info + self._holder)
         if waiter is not None:
             others = "1" if len(waiter.channel.waiters) > 1 else "0"
             args += (mode, count, waiter.channel.name, registry_lease_ms(settings().wait_cap), others)

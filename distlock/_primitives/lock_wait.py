@@ -77,7 +77,7 @@ class _LockWaiting(Waiting):
         #: default lock on one server, Sentinel or a cluster (not a Redlock quorum, whichever
         #: way its client was given), whose grants wait for no replica
         self._takes = lock._shares and lock._acks() is None and session.executor.hands_off
-        self.info = session.info
+        self.info = session.info + lock._holder
 
     def handoff_args(self, others: bool) -> Tuple[Any, ...]:
         """``lock_release``'s ARGV[5...] that hand the lock to this wait (``others``: other

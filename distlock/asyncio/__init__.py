@@ -10,6 +10,7 @@ once and return an awaitable (``lock.release()``), queries return an awaitable
 from .._core.errors import NotEnoughReplicasError, WrongKindError
 from ._barrier import BrokenBarrierError, DistBarrier
 from ._condition import DistCondition
+from ._election import DistElection, Leader, Leadership
 from ._event import DistEvent
 from ._lock import DistLock, DistRLock
 from ._rwlock import DistReadWriteLock
@@ -17,4 +18,5 @@ from ._semaphore import DistBoundedSemaphore, DistSemaphore
 
 __all__ = ["DistLock", "DistRLock", "DistReadWriteLock", "DistCondition", "DistSemaphore",
            "DistBoundedSemaphore", "DistEvent", "DistBarrier", "BrokenBarrierError",
+           "DistElection", "Leadership", "Leader",
            "NotEnoughReplicasError", "WrongKindError"]

@@ -39,6 +39,9 @@ class BoundHold:
         check_acquire_args(blocking, timeout)  # bad arguments raise here, as acquire's would
         self._args = (blocking, timeout)
         self._lock = lock
+        self.name: str = lock.name
+        #: the fencing token of the hold the scope took (an election's epoch)
+        self.token: Optional[int] = None
         self._task: Optional[asyncio.Task[Any]] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._hold: Any = None
@@ -59,6 +62,7 @@ class BoundHold:
                                + ("" if blocking else " (blocking=False)"))
         session = self._lock._port().session
         hold = self._hold = self._lock._current(session)
+        self.token = hold.token
         #: what the task had of cancellations on entry: the exit's ``uncancel`` compares with it
         self._base = task.cancelling() if sys.version_info >= (3, 11) else 0
         self._active = True
