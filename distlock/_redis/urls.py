@@ -129,7 +129,23 @@ def _sentinel_from_url(module: Any, parsed: SentinelURL, **kwargs: Any) -> Any:
         if key.startswith("socket_"):
             sentinel_kwargs.setdefault(key, value)
     manager = sentinel.Sentinel(parsed.sentinels, sentinel_kwargs=sentinel_kwargs)
-    return manager.master_for(parsed.service, **options)
+    client = manager.master_for(parsed.service, **options)
+    if module.__name__ == "redis.asyncio":
+        # the manager's connections to the sentinels are the client's too: closed with it
+        # (an asyncio connection left open warns when it is collected)
+        name = "aclose" if hasattr(client, "aclose") else "close"
+        setattr(client, name, _closing_sentinels(getattr(client, name), manager))
+    return client
+
+
+def _closing_sentinels(close: Any, manager: Any) -> Any:
+    async def closing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await close(*args, **kwargs)
+        finally:
+            for node in manager.sentinels:
+                await getattr(node, "aclose", node.close)()
+    return closing
 
 
 def check_url(url: str) -> None:
