@@ -25,7 +25,7 @@ import redis
 
 from .._core.checks import check_seconds
 from .._core.election import Leader, check_value, holder_suffix, leader_of
-from .._core.errors import LockNotOwnedError
+from .._core.errors import LockLostError, LockNotOwnedError
 from .._core.flow import Flow, Run, drive
 from .._core.outcomes import Busy, Done, Outcome
 from .._redis import QUORUM, topology
@@ -261,8 +261,15 @@ class DistElection:
         seconds = check_campaign_timeout(timeout)
         lock = self._lock
         session = lock._session()
-        if lock._current(session) is not None:
-            raise RuntimeError(f"this DistElection leads {self.name!r} already: resign() first")
+        held = lock._current(session)
+        if held is not None:
+            if held.believed():
+                raise RuntimeError(f"this DistElection leads {self.name!r} already: resign() first")
+            try:  # a leadership that ended (lost, or past its deadline) and was never resigned
+                yield from lock._release_one()
+            except LockLostError:
+                pass
+            self._leadership = None
         lock._holder = holder_suffix(value)
         if not (yield from lock._acquire(seconds != 0, seconds, _UNSET, 1)):
             raise TimeoutError(f"not elected leader of {self.name!r} within {timeout} s")

@@ -8,6 +8,7 @@ Sentinel, and exclusion across processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -128,6 +129,22 @@ def test_a_lost_leadership_is_revoked_and_no_longer_believed(client: Any) -> Non
     assert not election.is_leader() and not leadership.is_leader() and leadership.valid_for() == 0.0
     with pytest.raises(LockLostError):
         leadership.resign()
+    again = election.campaign("a", timeout=10)  # a lost leadership needs no resign first
+    assert again.epoch > leadership.epoch
+    with pytest.raises(LockNotOwnedError):
+        leadership.resign()  # an ended leadership, not the current one
+    with contextlib.suppress(LockLostError):  # its lease is short: it may be over already
+        again.resign()
+
+
+def test_campaign_again_after_a_revocation_without_resigning(client: Any) -> None:
+    election = DistElection(_name(), client=client, lease=0.3)
+    first = election.campaign("a")
+    until(lambda: not election.is_leader(), what="the lease to run out")
+    second = election.campaign("b", timeout=10)
+    assert second.epoch > first.epoch
+    with contextlib.suppress(LockLostError):  # its lease is short: it may be over already
+        second.resign()
 
 
 def test_bound_runs_the_block_as_the_leader_and_resigns(client: Any) -> None:
@@ -153,7 +170,7 @@ def test_candidates_in_other_processes_never_lead_at_once(url: str, children: An
         conn.send("go")
     terms = sorted(term for conn in conns for term in recv(conn, 120))
     assert len(terms) == 3 * rounds
-    for (epoch, began, ended), (next_epoch, next_began, _) in zip(terms, terms[1:]):
+    for (epoch, _began, ended), (next_epoch, next_began, _) in zip(terms, terms[1:]):
         assert next_epoch > epoch
         assert next_began >= ended, "two leaders at once"  # sorted by epoch: in turn, in time
 
