@@ -21,6 +21,7 @@ from .._core.flow import Flow
 from .._redis.clients import ClientArg
 from .._session.session import Hold, Session
 from .fair import end_whole_fair
+from .handles import Handles
 from .lock_base import _UNSET, _end_whole, _LockBase
 
 
@@ -34,7 +35,7 @@ def lock_repr(obj: object, kind: str, name: str, locked: bool, extra: str = "") 
 __all__ = ["DistLock", "DistRLock"]
 
 
-class DistLock(_LockBase):
+class DistLock(Handles, _LockBase):
     """``threading.Lock`` shared by every process and host that names it on one Redis.
 
     The hold belongs to this object: any thread of this process may release it, and a second
@@ -47,7 +48,12 @@ class DistLock(_LockBase):
     that many seconds, else acquire raises NotEnoughReplicasError; default: ``configure()``'s,
     0 and 0.5 s; see docs/guides/replicas.rst), and ``fair`` (True: first come, first served
     across every host, and a release hands the lock straight to the first waiter; see
-    docs/guides/locks.rst, "Fair locks"). TypeError when ``fair`` is not a bool.
+    docs/guides/locks.rst, "Fair locks"). TypeError when ``fair`` is not a bool. ``holder``:
+    a small value (a task id, a worker's name; at most 1024 characters) that each hold carries
+    for ``holder()``, ``distlock status`` and whoever adopts it.
+
+    A hold can change hands: ``export()`` detaches it as a handle (a str) that ``adopt`` or
+    ``release_handle`` take elsewhere, token-checked (docs/guides/handles.rst).
     """
 
     _metric_kind = "lock"
@@ -57,9 +63,11 @@ class DistLock(_LockBase):
 
     def __init__(self, name: str, *, client: ClientArg = None, lease: Optional[float] = None,
                  min_replicas: Optional[int] = None, replica_timeout: Optional[float] = None,
-                 fair: bool = False, max_hold: Optional[float] = None) -> None:
+                 fair: bool = False, max_hold: Optional[float] = None,
+                 holder: Optional[str] = None) -> None:
         super().__init__(name, client=client, lease=lease, min_replicas=min_replicas,
                          replica_timeout=replica_timeout, fair=fair, max_hold=max_hold)
+        self._set_holder(holder)
         self._hold: Optional[Hold] = None
         self._mutex = threading.Lock()
         # refers to the keys, not to this object, so that an abandoned object can be collected

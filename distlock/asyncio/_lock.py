@@ -13,6 +13,7 @@ from typing import Any, Optional
 from .._core.checks import check_acquire_args
 from .._core.flow import Query, Started, adrive
 from .._primitives import lock as _lock
+from .._primitives.handles import decode_handle
 from .._primitives.lock_base import _UNSET, _LockBase
 from ._bound import BoundHold
 from ._shell import AsyncShell, task_ident
@@ -93,6 +94,30 @@ class DistLock(_AsyncLock, _lock.DistLock):  # type: ignore[misc]
     """``asyncio.Lock`` shared by every process and host that names it on one Redis; the same
     lock as ``distlock.DistLock`` of that name. Any task may release it. Arguments: as the
     blocking class, with ``client`` a ``redis.asyncio.Redis`` or a URL."""
+
+    async def export(self, lease: Optional[float] = None) -> str:  # type: ignore[override]
+        """Detach this object's hold as a handle: the blocking class' ``export``, awaited."""
+        return str(await self._adrive(self._export(lease)))
+
+    @classmethod
+    async def adopt(cls, handle: str, *, client: Any = None,
+                    lease: Optional[float] = None) -> DistLock:
+        """A lock object that holds the handle's hold: the blocking class' ``adopt``, awaited."""
+        name, owner, token = decode_handle(handle)
+        lock = cls(name, client=client, lease=lease)
+        await lock._adrive(lock._adopt(owner, token))
+        return lock
+
+    @classmethod
+    async def release_handle(cls, handle: str, *, client: Any = None) -> None:  # type: ignore[override]
+        """Release the hold a handle names, token-checked: see the blocking class."""
+        name, owner, token = decode_handle(handle)
+        lock = cls(name, client=client)
+        await lock._adrive(lock._release_handle(owner, token))
+
+    def holder(self) -> Query[Optional[str]]:  # type: ignore[override]
+        """The current holder's value, or None: ``await lock.holder()``."""
+        return self._query(self._read_holder)
 
 
 class DistRLock(_AsyncLock, _lock.DistRLock):  # type: ignore[misc]

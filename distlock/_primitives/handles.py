@@ -1,0 +1,160 @@
+"""Holds that change hands: a DistLock hold exported as a handle (a string), then adopted or
+released by another object, process or host, its fencing token kept (docs/guides/handles.rst).
+
+A handle names the hold: its lock's name, its owner id (the hash field that holds it) and its
+token. Every use checks both in Redis (``lock_renew``, ``lock_release``), so a stale handle (the
+hold ended, or the lock was granted again since) changes nothing and raises LockLostError.
+
+An exported hold is *detached*: the exporting process no longer renews it, nor gives it back
+when its lock object is collected or at interpreter exit. It lives by the lease the export gave
+it, until an adopter's watchdog renews it, or until a release by handle ends it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from typing import Any, Optional, Tuple
+
+from .._core.checks import check_lease, check_name
+from .._core.deadlines import lease_ms
+from .._core.election import check_value, holder_suffix, leader_of
+from .._core.errors import LockLostError, LockNotOwnedError
+from .._core.flow import Flow, Run
+from .._core.settings import settings
+from .._redis import QUORUM, topology
+
+__all__ = ["Handles", "encode_handle", "decode_handle"]
+
+#: what every handle starts with; the digit is the format's version
+PREFIX = "distlock-hold:1:"
+
+
+def encode_handle(name: str, owner: str, token: int) -> str:
+    """A handle for the hold ``owner`` has of lock ``name`` under ``token``."""
+    raw = json.dumps([name, owner, token], separators=(",", ":")).encode("utf-8")
+    return PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_handle(handle: object) -> Tuple[str, str, int]:
+    """(name, owner, token) of a handle: TypeError for a non-str, ValueError for a string
+    that is no handle."""
+    if not isinstance(handle, str):
+        raise TypeError(f"a hold's handle is a str, not {type(handle).__name__}")
+    if not handle.startswith(PREFIX):
+        raise ValueError(f"not a distlock hold's handle: {handle[:40]!r}")
+    body = handle[len(PREFIX):]
+    try:
+        name, owner, token = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        if not (isinstance(owner, str) and owner and isinstance(token, int) and token > 0):
+            raise ValueError
+        return check_name(name), owner, token
+    except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
+        raise ValueError(f"a damaged distlock hold's handle: {handle[:40]!r}") from None
+
+
+class Handles:
+    """Mixed into DistLock: ``export``, ``adopt``, ``release_handle``, and the holder value."""
+
+    _name: str
+    _keys: Any
+    _lease: Optional[float]
+    _fair: bool
+    _quorum: bool
+    _holder: str
+    _hold: Any
+
+    def export(self, lease: Optional[float] = None) -> str:
+        """Detach this object's hold and return its handle (a str) for another object, process
+        or host to ``adopt`` or ``release_handle``. The hold is given ``lease`` seconds from now
+        (default: the lock's own lease, or ``configure()``'s 30 s) in the same round trip, and
+        this process no longer renews it nor gives it back. LockNotOwnedError (RuntimeError)
+        when this object holds nothing; LockLostError when its hold is lost; TypeError on a
+        fair lock or a Redlock quorum, which cannot be handed on this way."""
+        return self._drive(self._export(lease))  # type: ignore[attr-defined,no-any-return]
+
+    @classmethod
+    def adopt(cls, handle: str, *, client: Any = None, lease: Optional[float] = None) -> Any:
+        """A new lock object of the handle's name that holds the handle's hold (same owner,
+        same token): its ``release()``, ``owned()``, ``token`` and ``on_lost`` work as after an
+        acquire. ``lease`` None: this process' watchdog renews it from now on; else it lives
+        that many seconds. LockLostError when the hold is gone or someone else's (a stale
+        handle); TypeError / ValueError for what is no handle."""
+        name, owner, token = decode_handle(handle)
+        lock: Any = cls(name, client=client, lease=lease)  # type: ignore[call-arg]
+        lock._drive(lock._adopt(owner, token))
+        return lock
+
+    @classmethod
+    def release_handle(cls, handle: str, *, client: Any = None) -> None:
+        """Release the hold a handle names, token-checked, from anywhere: LockLostError when
+        it is gone or someone else's (nothing changes then)."""
+        name, owner, token = decode_handle(handle)
+        lock: Any = cls(name, client=client)  # type: ignore[call-arg]
+        lock._drive(lock._release_handle(owner, token))
+
+    def holder(self) -> Optional[str]:
+        """The holder value of whoever holds the lock now (``DistLock(holder=...)``; "" for a
+        hold that carries none), or None when nobody does. One round trip."""
+        return self._drive(self._read_holder())  # type: ignore[attr-defined,no-any-return]
+
+    # --- the flows, for both shells -------------------------------------------------------------
+
+    def _refuse_handles(self) -> None:
+        if self._fair or self._quorum or topology(getattr(self, "_client_arg", None)) == QUORUM:
+            raise TypeError("a hold of a fair lock or of a Redlock quorum cannot be exported")
+
+    def _export(self, lease: Optional[float]) -> Flow[str]:
+        seconds = check_lease(lease)
+        self._refuse_handles()
+        session = self._session()  # type: ignore[attr-defined]
+        hold = self._current(session)  # type: ignore[attr-defined]
+        if hold is None:
+            raise LockNotOwnedError("export of an unlocked lock", name=self._name)
+        # detached first: no renewal starts after this, and neither exit nor collection gives
+        # it back; a hold whose export fails still ends with its lease
+        self._forget(hold)  # type: ignore[attr-defined]
+        session.drop_hold(hold)
+        if session.ran_out(hold):
+            raise LockLostError(f"lease on {self._name!r} was lost before export",
+                                name=self._name, token=hold.token, cause=hold.cause)
+        ms = lease_ms(seconds or self._lease or settings().lease)
+        if int((yield from self._renew_to(hold.owner, hold.token, ms))) != 1:
+            session.mark_lost(hold)
+            raise LockLostError(f"lease on {self._name!r} was lost before export",
+                                name=self._name, token=hold.token, cause=hold.cause)
+        return encode_handle(self._name, hold.owner, hold.token)
+
+    def _adopt(self, owner: str, token: int) -> Flow[None]:
+        self._refuse_handles()
+        session = self._session()  # type: ignore[attr-defined]
+        watchdog = self._lease is None
+        ms = lease_ms(settings().lease if self._lease is None else self._lease)
+        sent_at = time.monotonic()
+        if int((yield from self._renew_to(owner, token, ms))) != 1:
+            raise LockLostError(f"the handle's hold of {self._name!r} is gone or someone else's",
+                                name=self._name, token=token, cause="a stale handle")
+        self._grant(session, owner, token, 1, watchdog, ms, sent_at)  # type: ignore[attr-defined]
+
+    def _release_handle(self, owner: str, token: int) -> Flow[None]:
+        self._refuse_handles()
+        keys = self._keys
+        if int((yield Run("lock_release", (keys.lock, keys.queue), (owner, token, 0)))) < 0:
+            raise LockLostError(f"the handle's hold of {self._name!r} is gone or someone else's",
+                                name=self._name, token=token, cause="a stale handle")
+
+    def _renew_to(self, owner: str, token: int, ms: int) -> Flow[Any]:
+        keys = self._keys
+        return (yield Run("lock_renew", (keys.lock, keys.fence),
+                          (owner, token, ms, ms + settings().fence_retention_ms)))
+
+    def _read_holder(self) -> Flow[Optional[str]]:
+        keys = self._keys
+        found = leader_of((yield Run("elect_look", (keys.lock, keys.sub("lead")), ("0",))))
+        return None if found is None else found.value
+
+    def _set_holder(self, holder: Optional[str]) -> None:
+        if holder is not None:
+            self._holder = holder_suffix(check_value(holder))
