@@ -9,8 +9,9 @@ Exit statuses follow sysexits(3) where one fits:
   is one lock);
 - 69 (EX_UNAVAILABLE) the Redis server cannot be reached;
 - 70 (EX_SOFTWARE) any other Redis error;
-- 75 (EX_TEMPFAIL, ``--conflict-exit-code``) ``run`` could not take the lock in time;
-- 76 ``run`` lost its lease while the command ran.
+- 75 (EX_TEMPFAIL, ``--conflict-exit-code``) ``run`` could not take the lock in time (``run
+  --leader``: was not elected in time);
+- 76 ``run`` lost its lease (``run --leader``: its leadership) while the command ran.
 """
 
 from __future__ import annotations

@@ -18,20 +18,23 @@ The hash of an exclusive hold (``<prefix>{<name>}``, and a read/write lock's wri
 - optionally ``:k`` -> the kind of primitive, for primitives that record it.
 
 Fields that start with ``:`` are metadata; every other field is an owner. A read/write lock's
-readers hash maps each reader to its count and ``<owner>/t`` to its token; a sorted set holds
-each reader's lease deadline in server milliseconds.
+read holds are members of a sorted set, ``<owner>#<token>@<host:pid>`` -> lease deadline (server
+ms). A read hold's age is read from its token (``token_age``): ``next_token`` (_prelude.lua)
+makes every fencing token the server's clock at its grant, in µs. A semaphore's permits carry
+their grant time in their ids (``permit_age``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import redis
 
 from .._core.election import split_info
 from .._core.keys import unescape_name
+from .._core.permits import grant_ms
 
 __all__ = [
     "pipeline_reply",
@@ -50,6 +53,9 @@ __all__ = [
     "scan_pattern",
     "glob_escape",
     "hold_age",
+    "token_age",
+    "permit_age",
+    "oldest",
     "text_of",
     "int_of",
     "zset_pairs",
@@ -107,6 +113,8 @@ class Owner:
     token: Optional[int] = None
     #: this owner's remaining lease in ms, when the primitive keeps one per owner (readers)
     lease_ms: Optional[int] = None
+    #: the value its hold carries (``DistLock(holder=...)``, an election's value), else None
+    holder: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -133,8 +141,9 @@ class LockState:
     fence: Optional[int] = None
     #: writers queued on a read/write lock (they keep new readers out)
     waiting_writers: int = 0
-    #: how long the current hold has been held, in ms (the writer's, for a read/write lock);
-    #: None when free or not recorded (a hold granted by an older version)
+    #: how long the current hold has been held, in ms: for a read/write lock the writer's, else
+    #: the oldest live reader's; for a semaphore the oldest live permit's. None when free or not
+    #: recorded (a hold granted by an older version)
     age_ms: Optional[int] = None
     #: since when (server ms) a queued process has waited for the current hold (locks only);
     #: None when nobody queued against it
@@ -239,9 +248,10 @@ def exclusive_state(name: str, key: str, key_type: Optional[Raw],
         return LockState(name=name, key=key, kind=f"unknown ({kind_raw})", held=True,
                          lease_ms=lease, token=fence_token, fence=fence_token)
     meta, plain = _split_hash(fields)
-    host, pid = parse_info(meta.pop(":i", None))
+    host, pid, holder = split_info(meta.pop(":i", None))
     owners = tuple(sorted(
-        (parse_owner(o, int_of(c) or 0, host, pid) for o, c in plain), key=lambda o: o.owner))
+        (replace(parse_owner(o, int_of(c) or 0, host, pid), holder=holder) for o, c in plain),
+        key=lambda o: o.owner))
     token = int_of(meta.pop(":t", None))
     kind = guess_kind(owners, meta.pop(":k", None))
     if meta.pop(":n", None) is not None:  # granted by a fair lock's script (the wait's nonce)
@@ -263,10 +273,12 @@ def semaphore_state(name: str, key: str, members: Any, pttl: Optional[int], *,
     whose deadline is the key's expiry; ``~v`` and ``~x`` -> -(value + 1), -(extra + 1)), the
     key's PTTL and its waiting callers (``ZCARD`` of its queue); None when no permit is held,
     nobody waits and no release raised its count. One owner per held permit (ids
-    ``<session id>:<thread ident>:<n>``)."""
+    ``<session id>:<thread ident>:<n>@<grant ms>``, see ``permit_age``); the age is the oldest
+    live permit's."""
     value: Optional[int] = None
     extra = 0
     owners: List[Owner] = []
+    ages: List[Optional[int]] = []
     for member, score in zset_pairs(members):
         if member == "~v":
             value = int(-score) - 1
@@ -279,6 +291,7 @@ def semaphore_state(name: str, key: str, members: Any, pttl: Optional[int], *,
                 thread = int_of(rest.partition(":")[0])
                 owners.append(Owner(owner=member, session=session, thread=thread, hold_id=None,
                                     count=1, mode="permit", lease_ms=left))
+                ages.append(permit_age(member, now_ms))
     queued = int(waiting or 0)
     if not owners and not queued and not extra:
         return None  # (a count raised by releases beyond the permits held is state at rest)
@@ -294,7 +307,7 @@ def semaphore_state(name: str, key: str, members: Any, pttl: Optional[int], *,
     return LockState(name=name, key=key, kind="DistSemaphore", held=bool(owners),
                      owners=tuple(owners), count=len(owners),
                      lease_ms=min((o.lease_ms for o in owners if o.lease_ms is not None), default=None),
-                     token=token, fence=token, extra=words)
+                     token=token, fence=token, age_ms=oldest(ages), extra=words)
 
 
 def event_state(name: str, key: str, is_set: bool, *, waiting: Optional[int],
@@ -337,6 +350,40 @@ def hold_age(total_lease: Optional[Raw], pttl: Optional[int]) -> Optional[int]:
     return max(0, total - pttl)
 
 
+#: a fencing token below this is a counter that never met the clock's floor, not a time (µs
+#: since the epoch: 2001-09-09)
+TOKEN_TIME_FLOOR = 10 ** 15
+
+
+def token_age(token: Optional[int], now_ms: int) -> Optional[int]:
+    """A hold's age in ms from its fencing token and the server's clock (``now_ms``, TIME).
+
+    ``next_token`` (_prelude.lua) makes a token max(INCR of the name's counter, the server's
+    clock in µs): the counter is ahead of the clock only by one per grant made within the same
+    µs, or after the server's clock went back, so the token is the server's time of the grant
+    and the age is ``now_ms - token / 1000``, never negative. None when unknown, or when the
+    token is clearly not a time (below ``TOKEN_TIME_FLOOR``: a counter that never met the floor,
+    as the tokens of versions before the floor were)."""
+    if token is None or token < TOKEN_TIME_FLOOR:
+        return None
+    return max(0, now_ms - token // 1000)
+
+
+def permit_age(permit: str, now_ms: int) -> Optional[int]:
+    """A semaphore permit's age in ms from its id, ``<session id>:<thread>:<n>@<grant ms>``
+    (``_core.permits``: the acquiring host's clock at the try that got it; the server reads no
+    clock on the uncontended path), and the server's clock: ``now_ms - <grant ms>``, never
+    negative, so a skew between the two clocks shows in it. None for an id that carries no
+    time (an older version's)."""
+    granted = grant_ms(permit)
+    return None if granted is None else max(0, now_ms - granted)
+
+
+def oldest(ages: Iterable[Optional[int]]) -> Optional[int]:
+    """The oldest of some holds' ages (ms): None when none is known."""
+    return max((age for age in ages if age is not None), default=None)
+
+
 def zset_pairs(reply: Any) -> List[Tuple[str, float]]:
     """A ZRANGE ... WITHSCORES reply (list of pairs, or a flat list) as (member, score)."""
     if not reply:
@@ -355,9 +402,10 @@ def rw_state(name: str, writer_key: str, *, writer_type: Optional[Raw],
     ``writer_type``, ``writer_fields`` and ``writer_pttl`` are the TYPE, HGETALL and PTTL
     replies of the writer hash ``writer_key``; ``fence`` the GET reply of the ``:fence`` key.
     ``readers`` and ``queue`` are ``ZRANGE key 0 -1 WITHSCORES`` replies: read holds
-    (``<owner>#<token>`` -> lease deadline) and waiting writers' entries, both in server ms;
-    ``now_ms`` is the server's TIME. Readers past their deadline are gone, as keys past their
-    TTL are. A read hold's reentrancy depth lives in its process only, so it shows as 1.
+    (``<owner>#<token>@<host:pid>`` -> lease deadline) and waiting writers' entries, both in
+    server ms; ``now_ms`` is the server's TIME. Readers past their deadline are gone, as keys
+    past their TTL are. A read hold's reentrancy depth lives in its process only, so it shows
+    as 1. The age is the writer's (``hold_age``), else the oldest live reader's (``token_age``).
     """
     fence_token = int_of(fence)
     waiting = sum(1 for _, score in zset_pairs(queue) if score > now_ms)
@@ -365,6 +413,7 @@ def rw_state(name: str, writer_key: str, *, writer_type: Optional[Raw],
     token: Optional[int] = None
     lease: Optional[int] = None
     age: Optional[int] = None
+    reader_ages: List[Optional[int]] = []
     if (text_of(writer_type) or "none") == "hash":
         meta, plain = _split_hash(writer_fields)
         host, pid = parse_info(meta.get(":i"))
@@ -386,8 +435,11 @@ def rw_state(name: str, writer_key: str, *, writer_type: Optional[Raw],
         if reader_token is not None and (token is None or reader_token > token):
             token = reader_token
         lease = left if lease is None else max(lease, left)
+        reader_ages.append(token_age(reader_token, now_ms))
     if not owners:
         return None
+    if age is None:
+        age = oldest(reader_ages)
     return LockState(name=name, key=writer_key, kind="DistReadWriteLock", held=True,
                      owners=tuple(owners), count=sum(o.count for o in owners), lease_ms=lease,
                      token=token if token is not None else fence_token, fence=fence_token,

@@ -1,11 +1,11 @@
 """The ``distlock`` command line (also ``python -m distlock``).
 
-Subcommands: ``run`` (flock(1) across hosts), ``status``, ``list``, ``top``,
-``release --force``, ``demo`` and ``bench``. ``--url`` (or ``$DISTLOCK_URL``) names one server,
-or a Redis Cluster as ``redis+cluster://host:port[,host:port...]/``; on a cluster ``status``,
-``list``, ``release`` and ``top`` SCAN every master and read each name on its slot's master
-(``servers.servers``). The exit statuses, which follow sysexits(3) where one fits, are listed in
-``exits``.
+Subcommands: ``run`` (flock(1) across hosts; ``run --leader``: one leader at a time, ``leader``),
+``status``, ``list``, ``top``, ``release --force``, ``demo`` and ``bench``. ``--url`` (or
+``$DISTLOCK_URL``) names one server, or a Redis Cluster as
+``redis+cluster://host:port[,host:port...]/``; on a cluster ``status``, ``list``, ``release`` and
+``top`` SCAN every master and read each name on its slot's master (``servers.servers``). The exit
+statuses, which follow sysexits(3) where one fits, are listed in ``exits``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from .._session.config import DEFAULT_URL
 from .bench import cmd_bench, cmd_demo
 from .connect import redact_url
 from .exits import EXIT_CONFLICT, EXIT_SOFTWARE, EXIT_UNAVAILABLE, EXIT_WRONG_KIND, Fail, err, one_line
+from .leader import cmd_leader
 from .run import DEFAULT_KILL_AFTER, cmd_run
-from .state import cmd_list, cmd_release, cmd_status, cmd_top
+from .state import cmd_list, cmd_release, cmd_status
+from .top import cmd_top
 
 __all__ = ["main", "build_parser"]
 
@@ -106,12 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
         "run", parents=[common], help="run a command while holding a lock (flock(1) across hosts)",
         description="Take the lock NAME, run COMMAND, release the lock when COMMAND ends, however "
                     "it ends. COMMAND's exit status is passed through. The fencing token of the "
-                    "hold is in COMMAND's environment as DISTLOCK_TOKEN.",
-        usage="distlock run NAME [options] -- COMMAND [ARGS...]")
-    run.add_argument("name", metavar="NAME", type=_name, help="the lock's name")
+                    "hold is in COMMAND's environment as DISTLOCK_TOKEN. With --leader, campaign "
+                    "for the leadership of the election NAME instead: COMMAND runs on one host at "
+                    "a time, and its epoch is in DISTLOCK_EPOCH.",
+        usage="distlock run [--leader [--value TEXT]] NAME [options] -- COMMAND [ARGS...]")
+    run.add_argument("name", metavar="NAME", type=_name, help="the lock's (or election's) name")
+    run.add_argument("--leader", action="store_true",
+                     help="campaign for the leadership of the election NAME (distlock.DistElection) "
+                          "and run COMMAND as its leader; resign when COMMAND ends")
+    run.add_argument("--value", metavar="TEXT",
+                     help="with --leader: what the leader campaigns with, as DistElection.leader() "
+                          "shows it (default: HOST:PID of this run)")
     wait = run.add_mutually_exclusive_group()
     wait.add_argument("--timeout", type=_seconds(True), metavar="S",
-                      help="wait at most S seconds for the lock (default: wait as long as it takes)")
+                      help="wait at most S seconds for the lock, or to be elected (default: wait as "
+                           "long as it takes)")
     wait.add_argument("--nonblock", "-n", action="store_true",
                       help="do not wait: fail at once when the lock is held")
     run.add_argument("--lease", type=_seconds(False), metavar="S",
@@ -126,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the same as a plain run (like flock -x): take the lock NAME, which "
                            "excludes --shared runs and every other holder of NAME")
     run.add_argument("--conflict-exit-code", "-E", type=_exit_code, default=EXIT_CONFLICT,
-                     metavar="N", help=f"exit status when the lock is not taken in time "
-                                       f"(default {EXIT_CONFLICT})")
+                     metavar="N", help=f"exit status when the lock is not taken (or the leadership "
+                                       f"not won) in time (default {EXIT_CONFLICT})")
     run.add_argument("--kill-after", type=_seconds(True), default=DEFAULT_KILL_AFTER, metavar="S",
                      help="after a lost lease, SIGKILL COMMAND this long after SIGTERM "
                           f"(default {DEFAULT_KILL_AFTER:g})")
@@ -164,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--limit", type=_positive_int, metavar="N",
                      help="show at most N rows (default: as many as fit the terminal; with "
                           "--once, all)")
+    top.add_argument("--long", type=_seconds(True), metavar="S",
+                     help="mark the holds older than S seconds: their AGE ends in '!' (in the "
+                          "live view, the line is highlighted too)")
 
     release = sub.add_parser(
         "release", parents=[common], help="break a stuck lock (needs --force)",
@@ -230,8 +244,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "--cluster benchmarks distlock on a private Redis Cluster")
     if command is not None:
         args.command = [*args.command, *command]
+    if args.command_name == "run" and args.value is not None and not args.leader:
+        parser.error("--value is the value of a leader: it needs --leader")
     handlers: Dict[str, Callable[[argparse.Namespace, argparse.ArgumentParser], int]] = {
-        "run": cmd_run, "status": cmd_status, "list": cmd_list, "top": cmd_top,
+        "run": cmd_leader if getattr(args, "leader", False) else cmd_run,
+        "status": cmd_status, "list": cmd_list, "top": cmd_top,
         "release": cmd_release, "demo": cmd_demo, "bench": cmd_bench,
     }
     url = getattr(args, "url", None)

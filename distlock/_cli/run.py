@@ -6,6 +6,9 @@ are forwarded to the command while it runs. A monitor thread checks every ``RUN_
 seconds that the hold is still in Redis; when the lease is lost (force-released, expired, the
 server restarted), the command gets SIGTERM, then SIGKILL ``--kill-after`` seconds later, and
 ``run`` exits 76 (``exits.EXIT_LOST``).
+
+What is held is a ``Claim``: a lock here; ``run --leader`` campaigns for a leadership instead
+(``leader.LeaderClaim``), with the same command handling.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 import threading
 import time
 from types import FrameType
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -28,7 +31,8 @@ from .connect import client_for
 from .exits import EXIT_LOST, err, one_line
 from .state import fetch_states, holder_summary
 
-__all__ = ["cmd_run", "RUN_CHECK_EVERY", "DEFAULT_KILL_AFTER", "FORWARDED_SIGNALS"]
+__all__ = ["cmd_run", "run_claim", "Claim", "RUN_CHECK_EVERY", "DEFAULT_KILL_AFTER",
+           "FORWARDED_SIGNALS"]
 
 #: How often ``distlock run`` checks that its hold is still in Redis (one HGET), so that a
 #: force-release or a server restart stops the command within about this long. The library's
@@ -56,6 +60,61 @@ def _make_lock(args: argparse.Namespace, client: Any,
         return rwlock(args.name, client=client, lease=args.lease).read_lock()
     # a plain run and --write alike (flock's -x is its default too)
     return distlock.DistLock(args.name, client=client, lease=args.lease)
+
+
+class Claim:
+    """What ``run`` holds while the command runs, and how it takes it and gives it up: the lock
+    NAME here; a subclass campaigns for a leadership (``leader.LeaderClaim``)."""
+
+    def __init__(self, args: argparse.Namespace, lock: Any) -> None:
+        self.args = args
+        #: the primitive whose hold the monitor checks in Redis (``hold_of``, ``still_held``)
+        self.lock = lock
+
+    @property
+    def what(self) -> str:
+        """What is held, for messages: "lost {what}: ..."."""
+        return f"the lock {self.args.name!r}"
+
+    @property
+    def lease(self) -> str:
+        """What ends with a lost hold, for messages: "... after {lease} was lost"."""
+        return f"the lease on {self.args.name!r}"
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        self.lock.on_lost(lambda _lock: callback())
+
+    def take(self) -> bool:
+        """Take the hold as ``--nonblock`` and ``--timeout`` say; False when not in time."""
+        if self.args.nonblock:
+            return bool(self.lock.acquire(blocking=False))
+        if self.args.timeout is not None:
+            return bool(self.lock.acquire(timeout=self.args.timeout))
+        return bool(self.lock.acquire())
+
+    def refusal(self, client: Any) -> str:
+        """The message when ``take`` returned False: who holds it, when that can be read."""
+        how = "" if self.args.nonblock else f" within {self.args.timeout:g} s"
+        held = ""
+        try:
+            states = [s for s in fetch_states(client, [self.args.name]) if s.held and s.owners]
+            if states:
+                held = "; held by " + "; ".join(holder_summary(s) for s in states)
+        except (redis.RedisError, RedisClusterException):
+            pass
+        return f"could not take {self.args.name!r}{how}{held}"
+
+    def env(self) -> Dict[str, str]:
+        """What the command finds in its environment besides ours."""
+        env = {"DISTLOCK_NAME": self.args.name}
+        token = self.lock.token
+        if token is not None:
+            env["DISTLOCK_TOKEN"] = str(token)
+        return env
+
+    def give_up(self) -> None:
+        """Release the hold (LockLostError when it was lost meanwhile)."""
+        self.lock.release()
 
 
 def _hold_of(lock: Any) -> Any:
@@ -91,9 +150,10 @@ class _Terminated(Exception):
 class _Runner:
     """The command, the hold, and what happens when one of them ends first."""
 
-    def __init__(self, args: argparse.Namespace, lock: Any) -> None:
+    def __init__(self, args: argparse.Namespace, claim: Claim) -> None:
         self.args = args
-        self.lock = lock
+        self.claim = claim
+        self.lock = claim.lock
         self.child: Optional[subprocess.Popen[bytes]] = None
         self.lost_reason: Optional[str] = None
         self.killed = False
@@ -113,7 +173,7 @@ class _Runner:
                 return
             self.lost_reason = reason
             child = self.child
-        err(f"lost the lock {self.args.name!r}: {reason}")
+        err(f"lost {self.claim.what}: {reason}")
         if child is not None:
             self._stop_child(child)
 
@@ -191,9 +251,13 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not args.command:
         parser.error("run needs a COMMAND after --")
     client = client_for(args.url, parser)
-    lock = _make_lock(args, client, parser)
-    runner = _Runner(args, lock)
-    lock.on_lost(lambda _lock: runner.lost(
+    return run_claim(args, Claim(args, _make_lock(args, client, parser)), client)
+
+
+def run_claim(args: argparse.Namespace, claim: Claim, client: Any) -> int:
+    """Take ``claim``, run the command while it is held, give it up: ``run``'s whole life."""
+    runner = _Runner(args, claim)
+    claim.on_lost(lambda: runner.lost(
         "its lease was lost (renewal found the hold gone or someone else's)"))
 
     def terminate(signum: int, frame: Optional[FrameType]) -> None:
@@ -203,12 +267,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 if sig != signal.SIGINT}
     try:
         try:
-            if args.nonblock:
-                acquired = lock.acquire(blocking=False)
-            elif args.timeout is not None:
-                acquired = lock.acquire(timeout=args.timeout)
-            else:
-                acquired = lock.acquire()
+            acquired = claim.take()
         except KeyboardInterrupt:
             err(f"interrupted while waiting for {args.name!r}")
             return 128 + signal.SIGINT
@@ -216,20 +275,12 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             err(f"{signal.Signals(exc.signum).name} while waiting for {args.name!r}")
             return 128 + exc.signum
         if not acquired:
-            how = "" if args.nonblock else f" within {args.timeout:g} s"
-            held = ""
-            try:
-                states = [s for s in fetch_states(client, [args.name]) if s.held and s.owners]
-                if states:
-                    held = "; held by " + "; ".join(holder_summary(s) for s in states)
-            except (redis.RedisError, RedisClusterException):
-                pass
-            err(f"could not take {args.name!r}{how}{held}")
+            err(claim.refusal(client))
             return int(args.conflict_exit_code)
         # The hold is looked up here, in the thread that took it: a DistRLock's or a read or
         # write side's hold belongs to its thread, and the monitor thread would find none.
-        runner.hold = _hold_of(lock)
-        return _run_holding(args, lock, runner, previous)
+        runner.hold = _hold_of(claim.lock)
+        return _run_holding(args, claim, runner, previous)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -249,13 +300,10 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
             continue
 
 
-def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
+def _run_holding(args: argparse.Namespace, claim: Claim, runner: _Runner,
                  previous: Dict[int, Any]) -> int:
     env = dict(os.environ)
-    token = lock.token
-    if token is not None:
-        env["DISTLOCK_TOKEN"] = str(token)
-    env["DISTLOCK_NAME"] = args.name
+    env.update(claim.env())
     tty_sigint = _tty_forwards_sigint()
     pending: List[int] = []  # signals that arrived before the command started
 
@@ -300,7 +348,7 @@ def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
             monitor.join(timeout=5.0)
         runner.releasing = True
         try:
-            lock.release()
+            claim.give_up()
         except LockLostError:
             runner.releasing = False
             runner.lost("its lease was found lost when releasing")
@@ -312,7 +360,7 @@ def _run_holding(args: argparse.Namespace, lock: Any, runner: _Runner,
                                              if sig == signal.SIGINT else signal.SIG_DFL))
     if runner.lost_reason is not None:
         how = "was killed (SIGKILL)" if runner.killed else f"ended with status {status}"
-        err(f"the command {how} after the lease on {args.name!r} was lost")
+        err(f"the command {how} after {claim.lease} was lost")
         return EXIT_LOST
     assert status is not None
     return status

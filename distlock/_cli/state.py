@@ -17,7 +17,7 @@ from typing import Any, List, Sequence
 from .._core.keys import BarrierKeys, EventKeys, Keys, SemKeys
 from .._core.settings import settings
 from .._session.session import session_for
-from .connect import client_for, redact_url
+from .connect import client_for
 from .exits import EXIT_REFUSED, EXIT_WRONG_KIND, err
 from .inspect import (
     LockState,
@@ -34,7 +34,7 @@ from .inspect import (
 from .servers import by_server, execute, routed, scan_keys, servers, time_ms
 
 __all__ = ["fetch_states", "list_names", "describe", "holder_summary", "cmd_status", "cmd_list",
-           "cmd_top", "cmd_release"]
+           "cmd_release"]
 
 
 def _rw_keys(name: str) -> Any:
@@ -141,11 +141,12 @@ def _field_line(key: str, value: str) -> str:
 def _who(o: Owner) -> str:
     if o.mode == "permit":  # its id: <session>:<thread>:<n>
         thread = f" thread {o.thread}" if o.thread is not None else ""
-        return f"session {o.session}{thread}, permit {o.owner.rpartition(':')[2]}"
+        return f"session {o.session}{thread}, permit {o.owner.rpartition(':')[2].partition('@')[0]}"
     who = f"thread {o.thread}" if o.thread is not None else f"hold {o.hold_id}"
     where = f"{o.host} pid {o.pid}" if o.host is not None else "host not recorded"
     mode = "" if o.mode == "exclusive" else f"{o.mode} "
-    return f"{mode}session {o.session} {who} on {where}"
+    holder = f", holder {o.holder!r}" if o.holder else ""
+    return f"{mode}session {o.session} {who} on {where}{holder}"
 
 
 def describe(state: LockState) -> List[str]:
@@ -234,13 +235,6 @@ def cmd_list(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     _print_states(states, args.json)
     return 0
 
-
-def cmd_top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .top import run_top
-
-    client = client_for(args.url, parser)
-    return run_top(client, redact_url(args.url), interval=args.interval, limit=args.limit,
-                   once=args.once, as_json=args.json)
 
 
 def holder_summary(state: LockState) -> str:

@@ -22,6 +22,7 @@ server.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import select
@@ -34,6 +35,7 @@ import redis
 from redis.exceptions import RedisClusterException
 
 from .._core.settings import settings
+from .connect import client_for, redact_url
 from .inspect import exclusive_state, glob_escape, rw_state
 from .servers import SCAN_COUNT, by_server, execute, routed, servers, time_ms
 from .top_rows import (
@@ -62,7 +64,7 @@ from .top_rows import (
     sort_rows,
 )
 
-__all__ = ["snapshot", "run_top", "scan", "READ_CHUNK", "READ_BUDGET"]
+__all__ = ["snapshot", "run_top", "cmd_top", "scan", "READ_CHUNK", "READ_BUDGET"]
 
 #: primitives read per pipelined round trip
 READ_CHUNK = 500
@@ -172,15 +174,17 @@ def _queue_reads(pipe: Any, entry: Found, now_ms: int) -> Tuple[int, Reader]:
 
 
 def snapshot(client: Any, url: str, limit: Optional[int] = None,
-             budget: Optional[int] = None) -> TopSnapshot:
+             budget: Optional[int] = None, long_ms: Optional[int] = None) -> TopSnapshot:
     """One refresh: SCAN, then the pipelined reads of the rows to show (``limit`` rows, all
     when None; at most ``budget`` primitives read, no cap when None), sorted by the oldest
-    wait. On a cluster, each master is scanned and each primitive read on its slot's master
-    (done again on a fresh slot map when a slot moved meanwhile: ``routed``)."""
-    return routed(client, lambda: _snapshot(client, url, limit, budget))
+    wait; holds older than ``long_ms`` are marked (``--long``; None: none). On a cluster, each
+    master is scanned and each primitive read on its slot's master (done again on a fresh slot
+    map when a slot moved meanwhile: ``routed``)."""
+    return routed(client, lambda: _snapshot(client, url, limit, budget, long_ms))
 
 
-def _snapshot(client: Any, url: str, limit: Optional[int], budget: Optional[int]) -> TopSnapshot:
+def _snapshot(client: Any, url: str, limit: Optional[int], budget: Optional[int],
+              long_ms: Optional[int]) -> TopSnapshot:
     started = time.monotonic()
     prefix = settings().prefix
     clocks, keys, scans = scan(client, prefix)
@@ -212,7 +216,7 @@ def _snapshot(client: Any, url: str, limit: Optional[int], budget: Optional[int]
                        primitives=len(found), waited=sum(1 for f in found if f.waited),
                        read=len(chosen),
                        keys_scanned=len(keys), scan_calls=scans, commands=commands,
-                       refresh_ms=(time.monotonic() - started) * 1000)
+                       refresh_ms=(time.monotonic() - started) * 1000, long_ms=long_ms)
 
 
 # --- the terminal --------------------------------------------------------------------------
@@ -285,24 +289,35 @@ def _screen_limit(out: TextIO, limit: Optional[int]) -> Tuple[int, int]:
     return (min(fit, limit) if limit is not None else fit), size.columns
 
 
+def cmd_top(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The ``distlock top`` command: ``run_top`` on the server of ``--url``."""
+    client = client_for(args.url, parser)
+    return run_top(client, redact_url(args.url), interval=args.interval, limit=args.limit,
+                   once=args.once, as_json=args.json, long_s=args.long)
+
+
 def run_top(client: Any, url: str, *, interval: float, limit: Optional[int],
-            once: bool, as_json: bool, out: TextIO = sys.stdout, inp: TextIO = sys.stdin) -> int:
+            once: bool, as_json: bool, long_s: Optional[float] = None,
+            out: TextIO = sys.stdout, inp: TextIO = sys.stdin) -> int:
     """``distlock top``: one snapshot (``once``, text or JSON), or the live view until ``q`` or
-    Ctrl-C. A server that cannot be reached at the first refresh raises (the command line
-    reports it); later, the view says so and keeps trying at every refresh."""
+    Ctrl-C; holds older than ``long_s`` seconds (``--long``) are marked. A server that cannot
+    be reached at the first refresh raises (the command line reports it); later, the view says
+    so and keeps trying at every refresh."""
+    long_ms = None if long_s is None else int(long_s * 1000)
     try:
         if once or as_json:
-            snap = snapshot(client, url, limit)
+            snap = snapshot(client, url, limit, long_ms=long_ms)
             if as_json:
                 out.write(json.dumps(snap.to_json(), indent=2, sort_keys=True) + "\n")
             else:
-                width = _terminal_size(out).columns if out.isatty() else None
-                out.write("\n".join(format_top(snap, width)) + "\n")
+                tty = out.isatty()
+                width = _terminal_size(out).columns if tty else None
+                out.write("\n".join(format_top(snap, width, highlight=tty)) + "\n")
             out.flush()
             return 0
         rows, _ = _screen_limit(out, limit)
         # before the screen: an unreachable server is an error, as for status
-        snap = snapshot(client, url, rows, READ_BUDGET)
+        snap = snapshot(client, url, rows, READ_BUDGET, long_ms)
     except KeyboardInterrupt:
         return 0
     keys: Optional[_Keys] = None
@@ -317,7 +332,7 @@ def run_top(client: Any, url: str, *, interval: float, limit: Optional[int],
             if "q" in typed.lower():
                 return 0
             try:
-                snap = snapshot(client, url, rows, READ_BUDGET)
+                snap = snapshot(client, url, rows, READ_BUDGET, long_ms)
                 error = None
             except (redis.RedisError, RedisClusterException) as exc:
                 error = " ".join(f"{type(exc).__name__}: {exc}".split())

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .._core.keys import Keys, unescape_name
-from .inspect import LockState, Owner, Raw, int_of, text_of, zset_pairs
+from .inspect import LockState, Owner, Raw, int_of, oldest, permit_age, text_of, zset_pairs
 
 __all__ = [
     "LOCK",
@@ -43,6 +43,7 @@ __all__ = [
     "sort_rows",
     "format_top",
     "duration",
+    "LONG_MARK",
 ]
 
 #: families of primitives, as ``group_keys`` names them
@@ -168,7 +169,9 @@ class TopRow:
     held: bool
     #: one per owner: ``host:pid`` where the grant recorded it, else the owner's session id
     holders: Tuple[str, ...] = ()
-    #: how long the current hold has been held (ms); None when not recorded
+    #: how long the current hold has been held (ms): a lock's or writer's (``:l`` - PTTL), the
+    #: oldest live reader's (from its token, the server's clock at its grant), the oldest live
+    #: permit's (from the grant time its id carries); None when not recorded
     age_ms: Optional[int] = None
     #: the hold's remaining lease (ms): a lock's PTTL; the latest reader's; the soonest permit's
     lease_ms: Optional[int] = None
@@ -220,8 +223,9 @@ def lock_row(state: Optional[LockState], name: str, *, waiting: Optional[int],
 
 
 def rw_row(state: Optional[LockState], name: str) -> Optional[TopRow]:
-    """A DistReadWriteLock's row from its ``rw_state``: the writer, or the live readers;
-    waiting writers are counted (waiting readers are not recorded in Redis)."""
+    """A DistReadWriteLock's row from its ``rw_state``: the writer, or the live readers (the
+    age: the oldest's); waiting writers are counted (waiting readers are not recorded in
+    Redis)."""
     if state is None:
         return None
     readers = [o for o in state.owners if o.mode == "read"]
@@ -232,7 +236,7 @@ def rw_row(state: Optional[LockState], name: str) -> Optional[TopRow]:
         note = f"{len(readers)} reader{'s' if len(readers) != 1 else ''}"
     return TopRow(name=name, kind="DistReadWriteLock", held=True,
                   holders=tuple(_holder(o) for o in (writer or readers)),
-                  age_ms=state.age_ms if writer else None, lease_ms=state.lease_ms,
+                  age_ms=state.age_ms, lease_ms=state.lease_ms,
                   token=state.token, waiting=state.waiting_writers, note=note)
 
 
@@ -241,7 +245,8 @@ def semaphore_row(name: str, members: Any, pttl: Optional[int], *, waiting: Opti
     """A DistSemaphore's row from ``ZRANGE <sem> 0 -1 WITHSCORES`` (permit id -> lease deadline,
     ``+inf`` for a permit taken at rest, whose deadline is the key's expiry; ``~v`` and ``~x``
     -> -(value + 1), -(extra + 1)), the key's PTTL and the live waiting callers. Permit ids
-    (``<session id>:<thread ident>:<n>``) record no host: the holders are session ids."""
+    (``<session id>:<thread ident>:<n>@<grant ms>``) record no host: the holders are session
+    ids. The age is the oldest live permit's (``inspect.permit_age``)."""
     value: Optional[int] = None
     extra = 0
     permits: List[Tuple[str, int]] = []
@@ -261,6 +266,7 @@ def semaphore_row(name: str, members: Any, pttl: Optional[int], *, waiting: Opti
     sessions = tuple(dict.fromkeys(m.split(":", 1)[0] for m, _ in permits))
     total = f"/{value + extra}" if value is not None else ""
     return TopRow(name=name, kind="DistSemaphore", held=bool(permits), holders=sessions,
+                  age_ms=oldest(permit_age(m, now_ms) for m, _ in permits),
                   lease_ms=min((left for _, left in permits), default=None), waiting=queued,
                   note=f"{len(permits)}{total} permits")
 
@@ -332,10 +338,16 @@ class TopSnapshot:
     commands: int
     #: the refresh's wall time, ms
     refresh_ms: float
+    #: ``--long``: rows whose hold is older than this (ms) are marked; None: no mark
+    long_ms: Optional[int] = None
+
+    def is_long(self, row: TopRow) -> bool:
+        """Whether ``row``'s hold is older than ``--long``."""
+        return self.long_ms is not None and row.age_ms is not None and row.age_ms > self.long_ms
 
     def to_json(self) -> Dict[str, Any]:
         data = asdict(self)
-        data["rows"] = [row.to_json() for row in self.rows]
+        data["rows"] = [dict(row.to_json(), long=self.is_long(row)) for row in self.rows]
         data["shown"] = len(self.rows)
         data["refresh_ms"] = round(self.refresh_ms, 1)
         return data
@@ -361,21 +373,34 @@ def duration(ms: Optional[float]) -> str:
 TOP_COLUMNS = ("NAME", "KIND", "HOLDER", "AGE", "LEASE", "TOKEN", "WAITING", "OLDEST", "NOTE")
 
 
-def _cells(row: TopRow) -> Tuple[str, ...]:
+#: what marks the AGE of a hold older than ``--long``; in the live view its line is shown in
+#: reverse video too
+LONG_MARK = "!"
+_REVERSE, _PLAIN = "\x1b[7m", "\x1b[0m"
+
+
+def _cells(row: TopRow, mark: Optional[bool]) -> Tuple[str, ...]:
+    """A row's cells; ``mark``: None without ``--long``, else whether the hold is past it (the
+    other ages get a space in its place, so that the column stays aligned)."""
     holder = row.holders[0] if row.holders else "-"
     if ":" not in holder and len(holder) == 32:  # a session id: no host recorded
         holder = f"session {holder[:8]}"
     if len(row.holders) > 1:
         holder += f" +{len(row.holders) - 1}"
-    return (row.name, row.kind, holder, duration(row.age_ms), duration(row.lease_ms),
+    age = duration(row.age_ms)
+    if mark is not None:
+        age += LONG_MARK if mark else " "
+    return (row.name, row.kind, holder, age, duration(row.lease_ms),
             "-" if row.token is None else str(row.token), str(row.waiting) if row.waiting else "-",
             duration(row.oldest_wait_ms) if row.waiting else "-", row.note)
 
 
 def format_top(snapshot: TopSnapshot, width: Optional[int] = None, *, live: bool = False,
-               error: Optional[str] = None) -> List[str]:
+               error: Optional[str] = None, highlight: Optional[bool] = None) -> List[str]:
     """The text of one refresh: two header lines, the column titles, one line per row, each cut
-    to ``width`` characters (None: not cut)."""
+    to ``width`` characters (None: not cut). With ``--long`` (``snapshot.long_ms``), the AGE of
+    each hold older than that ends in ``!``, and its line is in reverse video when
+    ``highlight`` (default: ``live``; the escapes are outside the ``width``)."""
     clock = time.strftime("%H:%M:%S", time.gmtime(snapshot.server_time_ms / 1000))
     hint = "  (q or Ctrl-C quits)" if live else ""
     waited = f", {snapshot.waited} waited on" if snapshot.waited else ""
@@ -387,9 +412,14 @@ def format_top(snapshot: TopSnapshot, width: Optional[int] = None, *, live: bool
         f"refresh {snapshot.refresh_ms:.0f} ms, {snapshot.commands} commands "
         f"({snapshot.scan_calls} SCAN over {snapshot.keys_scanned} keys)",
     ]
+    marked = snapshot.long_ms is not None
+    marks = [snapshot.is_long(row) for row in snapshot.rows]
+    if marked:
+        lines[1] += f"; {sum(marks)} held longer than {duration(snapshot.long_ms)} ({LONG_MARK})"
     if error:
         lines[1] = f"{error} (showing the last refresh)"
-    cells = [TOP_COLUMNS] + [_cells(row) for row in snapshot.rows]
+    cells = [TOP_COLUMNS] + [_cells(row, mark if marked else None)
+                             for row, mark in zip(snapshot.rows, marks)]
     caps = (40, 18, 28, 7, 7, 17, 7, 7, 40)
     widths = [min(cap, max(len(c[i]) for c in cells)) for i, cap in enumerate(caps)]
     right = {3, 4, 5, 6, 7}
@@ -404,4 +434,7 @@ def format_top(snapshot: TopSnapshot, width: Optional[int] = None, *, live: bool
         lines.append("(nothing held, nobody waiting)")
     if width is not None:
         lines = [line[:width] for line in lines]
+    if live if highlight is None else highlight:
+        lines[3:3 + len(marks)] = [_REVERSE + line + _PLAIN if mark else line
+                                   for line, mark in zip(lines[3:3 + len(marks)], marks)]
     return lines

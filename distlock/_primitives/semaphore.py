@@ -19,7 +19,6 @@ run out, and the waiters, whose sleep is bounded by the first lease to run out, 
 from __future__ import annotations
 
 import functools
-import itertools
 import operator
 import os
 import threading
@@ -36,6 +35,7 @@ from .._core.keys import SemKeys
 from .._core.outcomes import MISMATCH, OVERFLOW, RENEWED, TOO_MANY, UNCHECKED, Granted, Outcome, renewal
 from .._core.outcomes import sem_acquire as decode_acquire
 from .._core.outcomes import sem_release as decode_release
+from .._core.permits import permit_id, stamped
 from .._core.replicas import Acks, acks_for, check_options, give_back_unacked
 from .._core.replies import COUNT_OVERFLOW, TOO_MANY_RELEASES, release_lost, value_mismatch
 from .._core.settings import settings
@@ -95,15 +95,6 @@ def check_release_n(n: object) -> int:
     if count > MAX_PERMITS:
         raise OverflowError(f"n must be at most 2**53 - 1, not {count}")
     return count
-
-
-_sequence = itertools.count(1)
-
-
-def permit_id(session_id: str, thread_ident: int) -> str:
-    """A fresh id for one acquire: ``<session>:<thread>:<n>``. The thread part lets
-    ``release()`` give back the calling thread's permits first."""
-    return f"{session_id}:{thread_ident}:{next(_sequence)}"
 
 
 def sem_repr(obj: object, kind: str, name: str, value: int, initial: Optional[int]) -> str:
@@ -231,15 +222,16 @@ class DistSemaphore(SessionUser, Aging):
         watchdog = self._lease is None
         ms = lease_ms(settings().lease if self._lease is None else self._lease)
         pid = permit_id(session.id, self._me())
+        first = stamped(pid)  # each try asks for its permit stamped with its time (_core.permits)
         meter = self._metered()
         sent_at = time.monotonic()
         try:
-            outcome = yield from self._try(pid, ms, None)
+            outcome = yield from self._try(first, ms, None)
         except BaseException:
             meter.acquired("error", time.monotonic() - sent_at)
             raise
         if type(outcome) is Granted:
-            self._grant(session, pid, watchdog, ms, sent_at, outcome.token)
+            self._grant(session, first, watchdog, ms, sent_at, outcome.token)
             meter.acquired("acquired", time.monotonic() - sent_at)
             return True
         if not blocking_ or seconds == 0:
@@ -413,6 +405,7 @@ class DistSemaphore(SessionUser, Aging):
                  queue_ms: int) -> Flow[Outcome]:
         """One try for the wait engine; the last one (time is up) also leaves the queue."""
         sent_at = time.monotonic()
+        pid = stamped(pid)  # this try's permit; the queue knows the waiter by the unstamped id
         outcome = yield from self._try(pid, ms, 0 if mode == LAST else queue_ms)
         if type(outcome) is Granted:
             self._grant(session, pid, watchdog, ms, sent_at, outcome.token)

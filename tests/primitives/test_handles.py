@@ -155,3 +155,16 @@ def test_bad_input_gets_the_right_error(client: Any, redlock_clients: Any) -> No
         lock.export(lease=-1)
     assert lock.owned()  # a refused export leaves the hold as it was
     lock.release()
+
+
+@pytest.mark.server_only
+def test_distlock_status_shows_the_holder_value(url: str, client: Any) -> None:
+    import subprocess
+    import sys
+
+    name = _name()
+    with DistLock(name, client=client, holder="task-17"):
+        shown = subprocess.run([sys.executable, "-m", "distlock", "status", "--url", url, name],
+                               capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert shown.returncode == 0, shown.stderr
+    assert "holder 'task-17'" in shown.stdout

@@ -25,7 +25,7 @@ import redis
 from _support import BOUND, distlock_keys, kill, read_line, settle
 
 from distlock import DistEvent, DistLock, DistReadWriteLock, DistRLock, DistSemaphore, configure
-from distlock._cli.inspect import exclusive_state, hold_age, rw_state
+from distlock._cli.inspect import exclusive_state, hold_age, permit_age, rw_state, token_age
 from distlock._cli.top import snapshot
 from distlock._cli.top_rows import (
     BARRIER,
@@ -49,6 +49,7 @@ from distlock._cli.top_rows import (
     sort_rows,
     split_key,
 )
+from distlock._core.permits import grant_ms, permit_id, stamped
 from distlock.testing.server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -212,6 +213,63 @@ def test_the_text_of_a_snapshot() -> None:
     assert data["shown"] == 2 and data["rows"][0]["holders"] == ["web-1:17", "web-2:3"]
 
 
+def test_read_holds_and_permits_get_their_age_from_the_grant_time_they_carry() -> None:
+    now = 1_763_745_123_456  # server ms
+    # a read hold's token is the server's clock at its grant, in µs (next_token)
+    assert token_age((now - 2500) * 1000 + 999, now) == 2500
+    assert token_age(now * 1000 + 5000, now) == 0        # never negative
+    assert token_age(17, now) is None and token_age(None, now) is None  # a counter, not a time
+    readers = rw_state("rw", "w", writer_type="none", writer_fields=None, writer_pttl=None,
+                       readers=[(f"s1:11#{(now - 4000) * 1000}@h:2", float(now + 5000)),
+                                (f"s2:22#{(now - 1000) * 1000}@h:3", float(now + 9000)),
+                                (f"s3:33#{(now - 9000) * 1000}@h:4", float(now - 1)),  # gone
+                                ("s4:44#12@h:5", float(now + 9000))],  # an old counter token
+                       queue=None, now_ms=now, fence=None)
+    row = rw_row(readers, "rw")
+    assert row is not None and (row.age_ms, row.note) == (4000, "3 readers")  # the oldest live one
+    # a permit's id carries the acquiring host's clock at the try that got it, in ms
+    pid = permit_id("a" * 32, 7)
+    assert pid.startswith("a" * 32 + ":7:") and "@" not in pid
+    before = int(time.time() * 1000)
+    permit = stamped(pid)
+    assert permit.startswith(pid + "@") and before <= (grant_ms(permit) or 0) <= time.time() * 1000
+    assert grant_ms("s1:7:1") is None and grant_ms("s1:7:1@12") is None  # none, or not a time
+    assert grant_ms("s1:7:1@x") is None and grant_ms("s1:7:1@\u0663") is None
+    assert permit_age(f"s1:7:1@{now - 1500}", now) == 1500
+    assert permit_age(f"s1:7:1@{now + 40}", now) == 0  # a client clock ahead: clamped
+    members = [(b"~v", -4.0), (f"s1:7:1@{now - 700}".encode(), float(now + 3000)),
+               (f"s1:7:2@{now - 3200}".encode(), float("inf")), (b"s2:8:1", float(now + 9000)),
+               (f"s3:9:1@{now - 9000}".encode(), float(now - 1))]  # ran out: not counted
+    sem = semaphore_row("s", members, 20_000, waiting=0, now_ms=now)
+    assert sem is not None and (sem.age_ms, sem.note, sem.holders) == \
+        (3200, "3/3 permits", ("s1", "s2"))
+    assert semaphore_row("s", [(b"~v", -2.0), (b"s2:8:1", float(now + 9))], -1, waiting=0,
+                         now_ms=now).age_ms is None  # type: ignore[union-attr]
+
+
+def test_long_marks_holds_older_than_its_threshold() -> None:
+    rows = (TopRow(name="old", kind="DistLock", held=True, holders=("h:1",), age_ms=90_000),
+            TopRow(name="young", kind="DistSemaphore", held=True, holders=("h:2",), age_ms=2_000),
+            TopRow(name="ev", kind="DistEvent", held=True, note="set"))  # no age: never marked
+    snap = TopSnapshot(url="u", server_time_ms=0, rows=rows, primitives=3, waited=0, read=3,
+                       keys_scanned=3, scan_calls=1, commands=4, refresh_ms=1.0, long_ms=60_000)
+    assert [snap.is_long(r) for r in rows] == [True, False, False]
+    lines = format_top(snap)
+    assert "; 1 held longer than 1m00s (!)" in lines[1] and "\x1b" not in "".join(lines)
+    text = {line.split()[0]: line.split() for line in lines[3:]}
+    assert (text["old"][3], text["young"][3], text["ev"][3]) == ("1m30s!", "2.0s", "-")
+    # the ages stay aligned: an unmarked one has a space where the mark would be
+    assert lines[3].index("1m30s!") + len("1m30s!") == lines[4].index("2.0s ") + len("2.0s ")
+    live = format_top(snap, 20, live=True)
+    assert live[3] == "\x1b[7m" + lines[3][:20] + "\x1b[0m" and live[4] == lines[4][:20]
+    assert format_top(snap, highlight=True)[3].startswith("\x1b[7m")
+    data = snap.to_json()
+    assert data["long_ms"] == 60_000 and [r["long"] for r in data["rows"]] == [True, False, False]
+    # without --long: no mark, no space, no count
+    plain = format_top(TopSnapshot(**{**snap.__dict__, "long_ms": None}), live=True)
+    assert "longer than" not in plain[1] and "!" not in "".join(plain) and "\x1b" not in plain[3]
+
+
 # --- against the server -------------------------------------------------------------------------
 
 # Waits in another process: first for the DistRLock top:b, then (once that wait is recorded) for
@@ -286,7 +344,9 @@ def test_once_json_shows_holds_and_waiters_sorted_by_the_oldest_wait(
         assert after.get("cmdstat_keys", {}).get("calls", 0) == \
             before.get("cmdstat_keys", {}).get("calls", 0)  # SCAN, never KEYS
         assert set(data) == {"url", "server_time_ms", "rows", "shown", "primitives", "waited",
-                             "read", "keys_scanned", "scan_calls", "commands", "refresh_ms"}
+                             "read", "keys_scanned", "scan_calls", "commands", "refresh_ms",
+                             "long_ms"}
+        assert data["long_ms"] is None
         assert (data["primitives"], data["waited"], data["shown"]) == (6, 3, 6)
         assert data["commands"] >= data["scan_calls"] + 1 and data["url"] == url
         names = [row["name"] for row in data["rows"]]
@@ -295,7 +355,8 @@ def test_once_json_shows_holds_and_waiters_sorted_by_the_oldest_wait(
         rows = rows_by_name(data)
         for row in data["rows"]:
             assert set(row) == {"name", "kind", "held", "holders", "age_ms", "lease_ms", "token",
-                                "waiting", "oldest_wait_ms", "note"}
+                                "waiting", "oldest_wait_ms", "note", "long"}
+            assert row["long"] is False  # no --long: nothing marked
         rb, ra, rc = rows["top:b"], rows["top:a"], rows["top:cond"]
         assert (rb["kind"], rb["waiting"], rb["token"], rb["note"]) == \
             ("DistRLock", 1, b.token, "count 2")
@@ -310,6 +371,8 @@ def test_once_json_shows_holds_and_waiters_sorted_by_the_oldest_wait(
             ("DistReadWriteLock", "1 reader", [HOLDER], 0)
         assert (d["kind"], d["note"], d["holders"]) == \
             ("DistSemaphore", "1/2 permits", [sem._session().id])
+        # a read hold's age from its token, a permit's from the grant time its id carries
+        assert 0 <= c["age_ms"] <= elapsed_ms + 5 and 0 <= d["age_ms"] <= elapsed_ms + 50
         assert (e["kind"], e["note"], e["held"]) == ("DistEvent", "set", True)
         limited = top_json(url, "--limit", "2")
         assert [row["name"] for row in limited["rows"]] == ["top:b", "top:a"]
@@ -401,6 +464,105 @@ def test_hold_age_counts_across_renewals_and_reentries(client: redis.Redis[Any])
         writer.release()
 
 
+@pytest.mark.real_redis
+def test_read_holds_and_permits_show_an_age_that_grows(client: redis.Redis[Any]) -> None:
+    reader = DistReadWriteLock("top:age-r", client=client).read_lock()
+    sem = DistSemaphore("top:age-s", 3, client=client)
+    started = time.monotonic()
+    # a permit taken at rest (scored +inf, no clock read on the server), then one that is not
+    assert reader.acquire() and sem.acquire() and sem.acquire()
+
+    def ages() -> List[Optional[int]]:
+        rows = {r.name: r for r in snapshot(client, "u").rows}
+        return [rows["top:age-r"].age_ms, rows["top:age-s"].age_ms]
+
+    try:
+        members = [m.decode() for m in client.zrangebyscore("distlock:{top:age-s}:sem", 0, "+inf")]
+        assert len(members) == 2 and all(grant_ms(m) is not None for m in members), members
+        first = ages()
+        elapsed_ms = (time.monotonic() - started) * 1000
+        assert all(a is not None and 0 <= a <= elapsed_ms + 50 for a in first), first
+        time.sleep(1.0)
+        second = ages()
+        assert all(a is not None and a >= 500 for a in second), second
+    finally:
+        reader.release()
+        sem.release(2)
+
+
+@pytest.mark.real_redis
+def test_a_permit_granted_to_a_waiter_is_aged_from_its_grant(backend: Any,
+                                                             client: redis.Redis[Any]) -> None:
+    """A waiter sends each try under a fresh grant time; its queue entry keeps the plain id."""
+    holder = DistSemaphore("top:wait-s", 1, client=client)
+    assert holder.acquire()
+    other = backend.client()
+    waiter = DistSemaphore("top:wait-s", 1, client=other)
+    got: List[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=60)))
+    thread.start()
+    held = True
+    try:
+        assert settle(lambda: client.exists("distlock:{top:wait-s}:sem:q") == 1, BOUND)
+        time.sleep(1.0)  # the wait, which is not the permit's age
+        released = time.monotonic()
+        holder.release()
+        held = False
+        thread.join(BOUND)
+        assert got == [True]
+        (row,) = [r for r in snapshot(client, "u").rows if r.name == "top:wait-s"]
+        assert row.age_ms is not None and row.age_ms <= (time.monotonic() - released) * 1000 + 50
+        assert not client.exists("distlock:{top:wait-s}:sem:q")  # its entry left with it
+    finally:
+        if held:
+            holder.release()
+        thread.join(BOUND)
+        if got == [True]:
+            waiter.release()
+        other.close()
+
+
+@pytest.mark.real_redis
+def test_long_marks_the_holds_past_its_threshold(url: str, client: redis.Redis[Any]) -> None:
+    seconds, micros = client.time()
+    now = seconds * 1000 + micros // 1000
+    granted = now - 2 * 3600 * 1000  # two hours ago, as the grants record it:
+    old_r, old_s = "distlock:{top:long-r}:rw:r", "distlock:{top:long-s}:sem"
+    client.zadd(old_r, {f"{'c' * 32}:1#{granted * 1000}@h:1": now + 60_000})  # a token, µs
+    client.zadd(old_s, {"~v": -3, f"{'c' * 32}:1:1@{granted}": now + 60_000})  # an id, ms
+    for key in (old_r, old_s):
+        client.pexpire(key, 60_000)
+    reader = DistReadWriteLock("top:long-yr", client=client).read_lock()
+    sem = DistSemaphore("top:long-ys", 1, client=client)
+    lock = DistLock("top:long-yl", client=client)
+    assert reader.acquire() and sem.acquire() and lock.acquire()
+    names = ["top:long-r", "top:long-s", "top:long-yr", "top:long-ys", "top:long-yl"]
+    try:
+        # 10 minutes: the two-hour-old holds are past it, those taken just now are not
+        data = top_json(url, "--long", "600")
+        rows = rows_by_name(data)
+        assert data["long_ms"] == 600_000
+        assert [rows[n]["long"] for n in names] == [True, True, False, False, False], rows
+        assert rows["top:long-r"]["age_ms"] >= 2 * 3600 * 1000
+        assert rows["top:long-s"]["age_ms"] >= 2 * 3600 * 1000
+        text = cli("top", "--once", "--long", "600", "--url", url)
+        assert text.returncode == 0, text.stderr
+        assert "; 2 held longer than 10m00s (!)" in text.stdout.splitlines()[1]
+        marked = {line.split()[0]: "!" in line for line in text.stdout.splitlines()[3:]}
+        assert [marked[n] for n in names] == [True, True, False, False, False], text.stdout
+        assert "2h00m! " in text.stdout
+        assert "\x1b" not in text.stdout  # not a terminal: the mark, no highlighting
+        # once the holds taken here are older than the threshold, they are marked too
+        time.sleep(1.0)
+        rows = rows_by_name(top_json(url, "--long", "0.5"))
+        assert all(rows[n]["long"] for n in names), rows
+    finally:
+        reader.release()
+        sem.release()
+        lock.release()
+        client.delete(old_r, old_s)
+
+
 @pytest.mark.parametrize("args", [
     ["top", "--interval", "-1"],
     ["top", "--interval", "0"],
@@ -409,6 +571,9 @@ def test_hold_age_counts_across_renewals_and_reentries(client: redis.Redis[Any])
     ["top", "--interval", "soon"],
     ["top", "--limit", "0"],
     ["top", "--limit", "x"],
+    ["top", "--long", "-1"],
+    ["top", "--long", "nan"],
+    ["top", "--long", "soon"],
     ["top", "extra"],
 ])
 def test_bad_arguments_exit_2_with_a_usage_error(args: List[str]) -> None:
@@ -483,7 +648,7 @@ def test_live_view_in_a_real_terminal(url: str, backend: Any, client: redis.Redi
     waiter = threading.Thread(target=wait)
     waiter.start()
     command = (f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m distlock top "
-               f"--url {shlex.quote(url)}; echo \"top exited with status $?\"; sleep 600")
+               f"--long 1 --url {shlex.quote(url)}; echo \"top exited with status $?\"; sleep 600")
     tmux = Tmux(tmp_path / "tmux.sock", command)
     try:
         screen = tmux.wait_for(lambda s: "term:held" in s and "term:waited" in s
@@ -503,6 +668,11 @@ def test_live_view_in_a_real_terminal(url: str, backend: Any, client: redis.Redi
         age = rows[1][3]
         tmux.wait_for(lambda s: any(line.startswith("term:held") and line.split()[3] != age
                                     for line in s.splitlines()), "a refresh")
+        # --long 1: past a second, the hold's AGE is marked and its line in reverse video
+        tmux.wait_for(lambda s: any(line.startswith("term:held") and line.split()[3].endswith("!")
+                                    for line in s.splitlines()), "the --long mark")
+        assert settle(lambda: "\x1b[7mterm:held" in tmux.run("capture-pane", "-p", "-e", "-t", "top"),
+                      BOUND), tmux.run("capture-pane", "-p", "-e", "-t", "top")
         tmux.run("send-keys", "-t", "top", quit_key)
         after = tmux.wait_for(lambda s: "top exited with status" in s, "the exit")
         assert "top exited with status 0" in after

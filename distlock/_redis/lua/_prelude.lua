@@ -47,6 +47,9 @@ end
 -- granted the earlier ones: grants (script runs, one at a time) take well over a microsecond
 -- each, and hosts' clocks differ by less than a failover takes (see docs/safety.rst).
 -- Tokens stay below 2^53, exact in Lua's doubles; the clock is stored with fmt (above).
+-- The token doubles as the grant time that distlock top shows: it is this server's clock at
+-- the grant (µs) but for the rare cases above, so a hold's age is the server's TIME minus the
+-- token (a read hold's token is in its member: its age costs no field at all).
 -- The counter lives `ttl` ms from this grant: the grant's lease plus the fence retention, so
 -- that it outlives the hold by the retention (renewals extend it alike) and then goes.
 local function next_token(fence_key, ttl)

@@ -1,7 +1,10 @@
 -- Helpers of the sem_* scripts (DistSemaphore, DistBoundedSemaphore); a script gets the ones
 -- it uses, after those of _prelude.lua.
 -- KEYS[1] of every sem_* script is the semaphore: one sorted set holding
---   permit id -> lease deadline (server ms, > 0), one member per held permit, and
+--   permit id -> lease deadline (server ms, > 0), one member per held permit (its id,
+--   '<session>:<thread>:<n>@<ms>', carries the grant time that distlock top shows: the
+--   acquiring host's clock at the try that got it, so that no path reads the server's clock
+--   for it), and
 --   '~v' -> -(value + 1): the value the semaphore was created with,
 --   '~x' -> -(extra + 1): releases beyond the permits held (threading's counter raised by
 --           release() without acquire()), present only when not 0.

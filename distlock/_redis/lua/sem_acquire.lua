@@ -4,7 +4,9 @@
 --          while it exists
 -- KEYS[3]  wake-up channel: '<n>' wakes up to n waiters per process
 -- KEYS[4...]  the keys of the kinds that may not share the name (wrong_kind, _prelude.lua)
--- ARGV[1]  permit id (also the waiter's id in the queue)
+-- ARGV[1]  permit id, '<session>:<thread>:<n>@<ms>': the acquiring host's clock at this try
+--          (the grant time distlock top shows; a waiter sends each try under a new one); the
+--          waiter's id in the queue is the id without '@<ms>' (an id without one is its own)
 -- ARGV[2]  lease of the permit, ms
 -- ARGV[3]  the value the caller's semaphore was constructed with
 -- ARGV[4]  absent for a try that does not queue (a first try); '0' for a waiter's last try
@@ -24,6 +26,7 @@ end
 local value = tonumber(ARGV[3])
 local lease = tonumber(ARGV[2])
 local queue = ARGV[4]
+local waiter = queue and (string.match(ARGV[1], '^(.*)@%d+$') or ARGV[1])
 -- The permit goes in first, scored +inf, with the value when none is recorded: every existing
 -- semaphore key holds '~v', so adding both means it was at rest, where a permit is always free
 -- (value >= 1; value 0 is refused below as any full semaphore is). That is the uncontended
@@ -45,7 +48,7 @@ end
 if added == 2 then
   redis.call('pexpire', KEYS[1], ARGV[2])
   if queue then
-    redis.call('zrem', KEYS[2], ARGV[1])
+    redis.call('zrem', KEYS[2], waiter)
   end
   return value
 end
@@ -72,7 +75,7 @@ if free > 0 then
     redis.call('pexpireat', KEYS[1], until_)
   end
   if queue then
-    redis.call('zrem', KEYS[2], ARGV[1])
+    redis.call('zrem', KEYS[2], waiter)
   end
   if pruned > 0 then
     sem_wake(KEYS[2], KEYS[3], free - 1)
@@ -83,11 +86,11 @@ if added == 1 then
   redis.call('zrem', KEYS[1], ARGV[1])
 end
 if queue == '0' then
-  redis.call('zrem', KEYS[2], ARGV[1])
+  redis.call('zrem', KEYS[2], waiter)
 elseif queue then
   local entry_ms = tonumber(queue)
   local entry_until = fmt(NOW + entry_ms)
-  redis.call('zadd', KEYS[2], entry_until, ARGV[1])
+  redis.call('zadd', KEYS[2], entry_until, waiter)
   if redis.call('pttl', KEYS[2]) < entry_ms then
     redis.call('pexpireat', KEYS[2], entry_until)
   end
