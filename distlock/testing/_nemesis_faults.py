@@ -31,7 +31,8 @@ def _for_a_while(proxies: List[FaultProxy], fault: Callable[[FaultProxy], object
 
 def _holder(workers: Any) -> int:
     """The worker that holds one of the names now, as the lock's hash says (its ``:i``,
-    ``host:pid``, read from any node that answers for it); worker 0 if none does."""
+    ``host:pid``, then a leader's value after a space, read from any node that answers for
+    it); worker 0 if none does."""
     pids = {proc.pid: i for i, proc in enumerate(workers.procs)}
     for name in workers.phase.names:
         for host, port in workers.nodes:
@@ -42,7 +43,7 @@ def _holder(workers: Any) -> int:
             except redis.RedisError:  # down, or not the slot's owner (MOVED)
                 continue
             if info:
-                holder = pids.get(int(info.rsplit(b":", 1)[1]))
+                holder = pids.get(int(info.split(b" ", 1)[0].rsplit(b":", 1)[1]))
                 if holder is not None:
                     return holder
     return 0

@@ -1,6 +1,8 @@
 """One worker process of ``distlock.testing.nemesis``: threads (or tasks) that take locks on a few
 names, write to a fenced store while they believe they hold them, and record every belief and
-write in a shared ``History``.
+write in a shared ``History``. Under the ``election`` workload they campaign instead
+(``DistElection``, a short timeout): a leadership is recorded as a hold, its epoch the token of
+its writes, from ``campaign``'s return until ``resign`` or until it is no longer believed.
 
 Run by the nemesis as ``python -m distlock.testing._nemesis_worker CONFIG_JSON``. A holder follows
 the belief rule of docs/safety.rst: before each write it asks ``valid_for()``, and when that is 0
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import json
+import os
 import random
 import signal
 import sys
@@ -62,6 +65,8 @@ class _Plan:
         #: Redis Cluster: the client maps every node's address to this worker's proxy of it
         #: (redis-py's ``address_remap``), the first proxy its startup node
         self.cluster = bool(config.get("cluster", False))
+        #: ``lock`` (DistLock) or ``election`` (DistElection): what the threads (tasks) contend with
+        self.workload: str = config.get("workload", "lock")
 
     def lock_options(self) -> Dict[str, Any]:
         options: Dict[str, Any] = {"lease": self.lease}
@@ -113,7 +118,7 @@ def _unbelieved_at(lock: Any, now: float) -> float:
 
 def _thread_loop(plan: _Plan, client: Any, failures: List[BaseException]) -> None:
     try:
-        _locking(plan, client)
+        (_electing if plan.workload == "election" else _locking)(plan, client)
     except BaseException as exc:  # noqa: BLE001 - reported by the process' exit status
         failures.append(exc)
         raise
@@ -159,6 +164,75 @@ async def _task_loop(plan: _Plan, client: Any) -> None:
             await asyncio.sleep(pause)
         try:
             await lock.release()
+        except (distlock.LockLostError, distlock.LockNotOwnedError, *_TRANSIENT):
+            pass
+
+
+class _Leading:
+    """A leadership as ``_believing`` reads a lock: believed while ``is_leader()`` is true and
+    ``valid_for()`` above 0; when distlock stopped believing it, its candidate lock's hold
+    says (``_unbelieved_at``)."""
+
+    def __init__(self, leadership: Any) -> None:
+        self.leadership = leadership
+        self._lock = leadership.election._lock  # distlock's own tool may look inside
+
+    def valid_for(self) -> float:
+        return float(self.leadership.valid_for()) if self.leadership.is_leader() else 0.0
+
+    def _session(self) -> Any:
+        return self._lock._session()
+
+    def _current(self, session: Any) -> Any:
+        return self._lock._current(session)
+
+
+def _electing(plan: _Plan, client: Any) -> None:
+    """The ``election`` workload, in a thread: campaign for one of the names (a lease's
+    timeout), write with the epoch while leading, resign."""
+    import distlock
+
+    rng = random.Random()
+    value = f"worker {os.getpid()} {threading.current_thread().name}"
+    while time.monotonic() < plan.until:
+        name = rng.choice(plan.names)
+        election = distlock.DistElection(name, client=client, **plan.lock_options())
+        try:
+            leadership = election.campaign(value, timeout=plan.lease)
+        except TimeoutError:  # not elected in time (a builtin TimeoutError, not redis')
+            continue
+        except _TRANSIENT:
+            time.sleep(plan.lease / 10)
+            continue
+        for pause in _believing(plan, _Leading(leadership), name, leadership.epoch):
+            time.sleep(pause)
+        try:
+            leadership.resign()
+        except (distlock.LockLostError, distlock.LockNotOwnedError, *_TRANSIENT):
+            pass  # its belief had ended already: nothing to give up
+
+
+async def _task_electing(plan: _Plan, client: Any) -> None:
+    """The ``election`` workload, in a task (``_electing``)."""
+    import distlock
+    import distlock.asyncio as dla
+
+    rng = random.Random()
+    value = f"worker {os.getpid()} task {id(asyncio.current_task())}"
+    while time.monotonic() < plan.until:
+        name = rng.choice(plan.names)
+        election = dla.DistElection(name, client=client, **plan.lock_options())
+        try:
+            leadership = await election.campaign(value, timeout=plan.lease)
+        except TimeoutError:
+            continue
+        except _TRANSIENT:
+            await asyncio.sleep(plan.lease / 10)
+            continue
+        for pause in _believing(plan, _Leading(leadership), name, leadership.epoch):
+            await asyncio.sleep(pause)
+        try:
+            await leadership.resign()
         except (distlock.LockLostError, distlock.LockNotOwnedError, *_TRANSIENT):
             pass
 
@@ -227,7 +301,8 @@ async def _run_tasks(plan: _Plan) -> None:
     # cannot give: the loop answers it, if it still runs
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR2, _print_tasks)
     try:
-        await asyncio.gather(*(_task_loop(plan, client) for _ in range(plan.threads)))
+        loop = _task_electing if plan.workload == "election" else _task_loop
+        await asyncio.gather(*(loop(plan, client) for _ in range(plan.threads)))
     finally:
         for each in client if isinstance(client, list) else [client]:
             closer = getattr(each, "aclose", None) or each.close

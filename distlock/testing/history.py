@@ -4,7 +4,10 @@ checker that reads it.
 Each process records what it *believed*: a hold begins when ``acquire`` returned and ends when
 ``release`` was called, or when the hold was reported lost, or when it ran past its
 ``valid_for()`` (the belief rule of docs/safety.rst). Writes to a fenced store are recorded with
-their token and whether the store took them; faults with the window they were in force.
+their token and whether the store took them; faults with the window they were in force. A
+leadership (``DistElection``) is the exclusive hold of its name and is recorded as one, from
+``campaign``'s return, its epoch the token: the checks below then say that no two leaders
+believed at once and that epochs increased in the order leaderships began.
 
 Times are ``time.monotonic()``: on Linux that is one clock for every process of the host
 (``CLOCK_MONOTONIC``), so the records of many processes compare. A ``History`` given a path

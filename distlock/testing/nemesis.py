@@ -48,6 +48,13 @@ ASK replies too), and reaches the sentinels directly. Under ``redlock``, ``resta
 every master at once, empty; under Sentinel, the master, and under Cluster, the first name's
 master, each empty and fast enough that no failover starts.
 
+Two workloads (``--workload``; both by default): ``lock``, the workers take ``DistLock`` holds;
+``election``, they campaign (``DistElection``, a lease's timeout), write with the epoch while
+they lead, and resign. A leadership is the exclusive hold of its name, recorded and checked as
+one: no two leaders believe at once, epochs increase in the order leaderships began, the store
+takes no write out of order. An election refuses a Redlock quorum (its tokens are no epochs),
+so ``election`` runs on every topology but ``redlock`` (``supports``).
+
 Each phase prints one row: the holds, the writes, the belief overlaps, the tokens that went
 backwards, the stale writes the fenced store took, and the longest time from a fault's healing
 to the next hold. The exit status is 1 if a phase broke what docs/safety.rst promises on its
@@ -79,12 +86,14 @@ from .sentinel import SentinelSet
 from .server import RedisServer
 from .timeline import write_timeline
 
-__all__ = ["NEMESES", "TOPOLOGIES", "PROMISES_TOKENS", "DOCUMENTED_OVERLAPS", "Phase", "applies",
-           "run_phase", "after_heal", "failed", "main"]
+__all__ = ["NEMESES", "TOPOLOGIES", "WORKLOADS", "PROMISES_TOKENS", "DOCUMENTED_OVERLAPS", "Phase",
+           "applies", "supports", "run_phase", "after_heal", "failed", "main"]
 
 NEMESES = ("none", "partition", "pause", "kill", "restart", "restart-persisted", "delay",
            "drop-replies", "minority-down", "failover", "reshard")
 TOPOLOGIES = ("server", "sentinel", "sentinel-acked", "cluster", "redlock")
+#: What the workers contend with: ``DistLock``, or ``DistElection`` (``supports``)
+WORKLOADS = ("lock", "election")
 #: The topologies whose tokens increase in grant order (docs/safety.rst): there a token that
 #: went backwards, or a stale write the fenced store took, is a failure.
 PROMISES_TOKENS = ("server", "sentinel", "sentinel-acked", "cluster")
@@ -114,12 +123,18 @@ def applies(nemesis: str, topology: str) -> bool:
     return True
 
 
+def supports(workload: str, topology: str) -> bool:
+    """Whether ``workload`` runs on ``topology``: an election's epochs must strictly increase,
+    which a Redlock quorum's tokens do not, so ``DistElection`` refuses one (TypeError)."""
+    return not (workload == "election" and topology == "redlock")
+
+
 class Phase:
     """One nemesis against K processes of T threads (or tasks), for ``seconds``."""
 
     def __init__(self, nemesis: str, processes: int = 3, threads: int = 2, names: int = 2,
                  lease: float = 0.5, seconds: float = 4.0, shell: str = "threads",
-                 topology: str = "server") -> None:
+                 topology: str = "server", workload: str = "lock") -> None:
         if nemesis not in NEMESES:
             raise ValueError(f"nemesis must be one of {', '.join(NEMESES)}, not {nemesis!r}")
         if shell not in ("threads", "asyncio"):
@@ -130,6 +145,11 @@ class Phase:
             raise ValueError(f"{nemesis} does not apply to {topology}: minority-down needs "
                              "redlock (a minority of masters), failover a sentinel topology or "
                              "cluster, reshard cluster, restart-persisted server")
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, not {workload!r}")
+        if not supports(workload, topology):
+            raise ValueError(f"the {workload} workload does not run on {topology}: an election's "
+                             "epochs must strictly increase, and a Redlock quorum's tokens do not")
         for what, value in (("processes", processes), ("threads", threads), ("names", names)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{what} must be an int, not {type(value).__name__}")
@@ -147,11 +167,14 @@ class Phase:
         self.seconds = float(seconds)
         self.shell = shell
         self.topology = topology
+        self.workload = workload
 
     @property
     def label(self) -> str:
-        """What its row says in the topology column: ``server/threads``, say."""
-        return f"{self.topology}/{self.shell}"
+        """What its row says in the topology column: ``server/threads``, say, and
+        ``server/threads/election`` for the election workload."""
+        kind = "" if self.workload == "lock" else f"/{self.workload}"
+        return f"{self.topology}/{self.shell}{kind}"
 
 
 class _Workers:
@@ -201,7 +224,8 @@ class _Workers:
                 config: Dict[str, Any] = {
                     "urls": [p.url for p in proxies], "names": phase.names,
                     "threads": phase.threads, "lease": phase.lease, "seconds": phase.seconds,
-                    "shell": phase.shell, "history": self.history_path,
+                    "shell": phase.shell, "workload": phase.workload,
+                    "history": self.history_path,
                     "store": os.path.join(workdir, "store")}
                 if self.sentinel is not None or self.cluster is not None:
                     config["remap"] = [[h, p, proxy.host, proxy.port]
@@ -390,14 +414,17 @@ def main(argv: Optional[List[str]] = None,
          out: Callable[[str], None] = print) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m distlock.testing.nemesis",
-        description="Contend for locks under faults, record every belief and fenced write, "
-                    "and check the record.")
+        description="Contend for locks (or leaderships) under faults, record every belief "
+                    "and fenced write, and check the record.")
     parser.add_argument("--nemesis", action="append", choices=NEMESES,
                         help="a nemesis to run (repeat it; default: all)")
     parser.add_argument("--shell", action="append", choices=("threads", "asyncio"),
                         help="which shell the workers use (repeat it; default: both)")
     parser.add_argument("--topology", action="append", choices=TOPOLOGIES,
                         help="a topology to run on (repeat it; default: all)")
+    parser.add_argument("--workload", action="append", choices=WORKLOADS,
+                        help="what the workers contend with: lock, election (not on redlock); "
+                             "repeat it; default: both")
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--names", type=int, default=2)
@@ -411,15 +438,17 @@ def main(argv: Optional[List[str]] = None,
     nemeses = args.nemesis or list(NEMESES)
     shells = args.shell or ["threads", "asyncio"]
     topologies = args.topology or list(TOPOLOGIES)
+    workloads = args.workload or list(WORKLOADS)
     try:
         phases = [Phase(n, args.processes, args.threads, args.names, args.lease,
-                        args.seconds, s, t) for t in topologies for s in shells for n in nemeses
-                  if applies(n, t)]
+                        args.seconds, s, t, w) for t in topologies for w in workloads
+                  for s in shells for n in nemeses if applies(n, t) and supports(w, t)]
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     if not phases:
         parser.error("no nemesis given applies to a topology given (minority-down needs "
-                     "--topology redlock, failover --topology sentinel or sentinel-acked)")
+                     "--topology redlock, failover --topology sentinel or sentinel-acked), or "
+                     "no workload given runs on one (--workload election: not on redlock)")
     if args.timeline is not None:
         os.makedirs(args.timeline, exist_ok=True)
     rows: List[Tuple[str, str, Report]] = []
@@ -429,7 +458,7 @@ def main(argv: Optional[List[str]] = None,
         for phase in phases:
             drawn = None
             if args.timeline is not None:
-                drawn = os.path.join(args.timeline, f"{phase.topology}-{phase.shell}-"
+                drawn = os.path.join(args.timeline, f"{phase.label.replace('/', '-')}-"
                                                     f"{phase.nemesis}-{len(rows) + 1}.html")
             try:
                 rows.append((phase.label, phase.nemesis, run_phase(phase, drawn)))

@@ -7,7 +7,10 @@ threads or tasks believe they hold one name at once: the session stops believing
 server's FIN arrives, before the fresh server can grant anything (docs/safety.rst, "A broken
 connection suspends belief"). Sentinel and Cluster add a failover (their replicas are
 asynchronous: without ``min_replicas`` two holders are documented, and counted), and Cluster a
-reshard that migrates the keys (no two holders).
+reshard that migrates the keys (no two holders). The election workload (``DistElection``) runs
+a few phases of its own, on one server, Sentinel and Cluster: a leadership is checked as a hold
+(no two leaders believe at once, epochs increase in the order leaderships began, no stale
+write), and Redlock is refused.
 
 Only the nemesis' own servers and proxies on 127.0.0.1 get traffic; each phase is bounded.
 """
@@ -20,16 +23,19 @@ from typing import Any, List, Tuple
 
 import pytest
 
+from distlock.testing.history import Report
 from distlock.testing.nemesis import (
     DOCUMENTED_OVERLAPS,
     NEMESES,
     PROMISES_TOKENS,
     TOPOLOGIES,
+    WORKLOADS,
     Phase,
     applies,
     failed,
     format_rows,
     run_phase,
+    supports,
 )
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.slow]
@@ -71,10 +77,33 @@ def test_a_short_schedule_keeps_what_safety_promises(topology: str, nemesis: str
     not asserted). Every fault heals and the lock is taken again after it."""
     # ``url``: the test server is real (the nemesis starts servers of its own from the same
     # binary); this test skips where there is none
-    label = f"{topology}/{shell}"
-    report = run_phase(Phase(nemesis, processes=3, threads=2, names=2, lease=LEASE,
-                             seconds=SECONDS_ON.get(topology, SECONDS), shell=shell,
-                             topology=topology))
+    _run_and_check(topology, nemesis, shell, "lock")
+
+
+#: (topology, nemesis, shell) of the election workload's phases: a few, on each topology an
+#: election runs on, a fault aimed at a leader among them (``_nemesis_faults._holder`` reads a
+#: leader's pid before its value), well under a minute in all.
+ELECTIONS = [("server", "partition", "threads"), ("server", "restart", "asyncio"),
+             ("sentinel", "kill", "asyncio"), ("cluster", "reshard", "threads")]
+
+
+@pytest.mark.parametrize("topology, nemesis, shell", ELECTIONS)
+def test_elections_keep_one_believed_leader_and_increasing_epochs(topology: str, nemesis: str,
+                                                                  shell: str, url: str) -> None:
+    """The election workload: workers campaign with a short timeout, write with the epoch
+    while they lead, and resign. A leadership is a hold: no two leaders believe at once, its
+    epochs increase in the order leaderships began (``token_regressions``), and the fenced
+    store takes no write out of order."""
+    report = _run_and_check(topology, nemesis, shell, "election")
+    assert report.token_regressions == [] and report.stale_writes == [], report
+
+
+def _run_and_check(topology: str, nemesis: str, shell: str, workload: str) -> Report:
+    phase = Phase(nemesis, processes=3, threads=2, names=2, lease=LEASE,
+                  seconds=SECONDS_ON.get(topology, SECONDS), shell=shell, topology=topology,
+                  workload=workload)
+    label = phase.label
+    report = run_phase(phase)
     print(format_rows([(label, nemesis, report)]))
     assert report.holds > 0 and report.writes > 0
     assert not failed(label, report, nemesis), report
@@ -85,6 +114,23 @@ def test_a_short_schedule_keeps_what_safety_promises(topology: str, nemesis: str
     if nemesis != "none":
         (fault, recovery), = report.recoveries
         assert fault.kind == nemesis and recovery is not None  # the lock was taken again
+    return report
+
+
+def test_elections_run_on_every_topology_but_redlock() -> None:
+    assert WORKLOADS == ("lock", "election")
+    assert [t for t in TOPOLOGIES if supports("election", t)] == [
+        "server", "sentinel", "sentinel-acked", "cluster"]
+    assert all(supports("lock", t) for t in TOPOLOGIES)
+    assert {t for t, _, _ in ELECTIONS} == {"server", "sentinel", "cluster"}
+    assert all(t in PROMISES_TOKENS and applies(n, t) for t, n, _ in ELECTIONS)
+    assert Phase("none", topology="cluster", workload="election").label == \
+        "cluster/threads/election"
+    assert Phase("none", shell="asyncio").label == "server/asyncio"
+    with pytest.raises(ValueError, match="election workload does not run on redlock"):
+        Phase("none", topology="redlock", workload="election")
+    with pytest.raises(ValueError, match="workload must be one of"):
+        Phase("none", workload="queue")
 
 
 def test_the_schedule_runs_every_nemesis_on_every_topology_and_both_shells() -> None:
@@ -120,12 +166,15 @@ def test_the_command_prints_its_table_and_refuses_bad_input(url: str, tmp_path: 
          "--lease", "0.3", "--timeline", str(drawn)],
         capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    header, row = result.stdout.strip().splitlines()
+    header, row, elected = result.stdout.strip().splitlines()  # both workloads by default
     assert header.split()[:3] == ["topology", "nemesis", "holds"]
     assert row.split()[:2] == ["server/threads", "none"] and int(row.split()[2]) > 0
-    (page,) = drawn.iterdir()  # one picture per phase
-    assert page.name == "server-threads-none-1.html"
-    assert page.read_text(encoding="utf-8").count('class="hold') == int(row.split()[2])
+    assert elected.split()[:2] == ["server/threads/election", "none"]
+    assert int(elected.split()[2]) > 0
+    pages = sorted(drawn.iterdir())  # one picture per phase
+    assert [p.name for p in pages] == ["server-threads-election-none-2.html",
+                                       "server-threads-none-1.html"]
+    assert pages[1].read_text(encoding="utf-8").count('class="hold') == int(row.split()[2])
     bad = subprocess.run([sys.executable, "-m", "distlock.testing.nemesis", "--processes", "0"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "processes must be at least 1" in bad.stderr
@@ -133,6 +182,10 @@ def test_the_command_prints_its_table_and_refuses_bad_input(url: str, tmp_path: 
                           "minority-down", "--topology", "server"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "minority-down needs --topology redlock" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "distlock.testing.nemesis", "--workload",
+                          "election", "--topology", "redlock"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--workload election: not on redlock" in bad.stderr
 
 
 def test_a_phase_refuses_bad_input() -> None:
@@ -188,7 +241,8 @@ def test_a_phase_that_errs_is_reported_and_the_run_goes_on(monkeypatch: pytest.M
 
     monkeypatch.setattr(nemesis, "run_phase", run_phase)
     lines: List[str] = []
-    assert nemesis.main(["--topology", "server", "--nemesis", "none"], out=lines.append) == 1
+    assert nemesis.main(["--topology", "server", "--nemesis", "none", "--workload", "lock"],
+                        out=lines.append) == 1
     assert calls == ["threads", "asyncio"]
     assert "server/asyncio" in lines[0] and "server/threads" not in lines[0]
     assert lines[1].startswith("ERROR server/threads none: TimeoutError(")
