@@ -43,6 +43,7 @@ from .._session.session import Hold, Session, Waiter
 from .engine import Waiting
 from .lock import _ThreadOwned
 from .lost import reentry_lost
+from .rw_mutex import ReadWriteMutex
 
 
 def reader_member(owner: str, token: int, info: str) -> str:
@@ -473,6 +474,15 @@ class DistReadWriteLock:
     def write_lock(self) -> DistWriteLock:
         """The exclusive side (the same object on every call)."""
         return self._write
+
+    @staticmethod
+    def lock_factory(path: str, **options: Any) -> ReadWriteMutex:
+        """dogpile.cache's file backend's ``lock_factory`` (``arguments={"lock_factory":
+        DistReadWriteLock.lock_factory}``): a (blocking) DistReadWriteLock named by the lock
+        file's path, which is never created, behind the four methods dogpile asks for
+        (``_primitives.rw_mutex``). ``options`` go to the constructor: bind them with
+        ``functools.partial``. docs/guides/dogpile.rst."""
+        return ReadWriteMutex(DistReadWriteLock(path, **options))
 
     def __repr__(self) -> str:
         return f"<distlock.DistReadWriteLock object name={self._name!r} at {hex(id(self))}>"

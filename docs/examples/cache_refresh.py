@@ -15,6 +15,10 @@ Run it::
 Options: ``--readers N`` (3), ``--seconds S`` (4), ``--parts K`` (5), and ``--unlocked``, which
 runs the same programs without the lock: torn reads then show up. The exit status is 0 when no
 reader saw a torn value, 1 otherwise.
+
+This is the read/write lock's own demonstration. For the usual cache, a value computed once
+when many callers miss it at the same moment, use a dogpile.cache region on the
+``distlock.redis`` backend instead (docs/guides/dogpile.rst).
 """
 
 from __future__ import annotations
