@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import uuid
 from typing import Any, Iterator
 
 import pytest
@@ -15,7 +16,7 @@ pytest.importorskip("celery_once")
 pytest.importorskip("celery_singleton")
 
 import celery_singleton.backends  # noqa: E402
-from _celery_workers import ONCE, SINGLE, make_app, produce  # noqa: E402
+from _celery_workers import ONCE, SINGLE, lock_for_the_worker, make_app, produce  # noqa: E402
 from _procs import Children, recv  # noqa: E402
 from celery_once import AlreadyQueued  # noqa: E402
 from celery_singleton import clear_locks  # noqa: E402
@@ -131,3 +132,19 @@ def test_once_backend_returns_the_handle_and_clears_by_name(url: str, client: An
     waiting = OnceBackend({"url": url, "blocking": True, "blocking_timeout": 5})
     waiting.raise_or_lock("qo_job_b", timeout=30)  # taken once the first lease ran out
     assert waiting.clear_lock("qo_job_b")
+
+
+def test_the_lock_crosses_processes_through_its_handle(url: str, client: Any,
+                                                       children: Children) -> None:
+    """The producer's hold, handed to the worker's process by its handle: adopted there with
+    its token, released token-checked; the handle is then stale."""
+    key = f"qo_handoff_{uuid.uuid4().hex[:8]}"
+    handle, holder = recv(children.start(lock_for_the_worker, url, key))
+    children.close()  # the producer is gone; its hold was detached, not given back
+    token = int(client.hget(f"distlock:{{{key}}}", ":t"))
+    worker = distlock.DistLock.adopt(handle, client=client)
+    assert worker.owned() and worker.token == token and holder == "celery-once"
+    worker.release()
+    assert not worker.locked()
+    with pytest.raises(distlock.LockLostError):
+        distlock.DistLock.release_handle(handle, client=client)

@@ -58,3 +58,14 @@ def produce(url: str, conn: Any) -> None:
     conn.send({"once_key": once.get_key(args=(1, 2)), "countdown": countdown,
                "single_lock": single.generate_lock(SINGLE, [1, 2]), "first": first.id,
                "again": again.id})
+
+
+def lock_for_the_worker(url: str, key: str, conn: Any) -> None:
+    """As a producer would: take celery-once's lock through the backend, send its handle and
+    token to the worker (another process), and exit."""
+    import distlock
+    from distlock.contrib.celery import OnceBackend
+
+    handle = OnceBackend({"url": url}).raise_or_lock(key, timeout=60)
+    lock = distlock.DistLock(key, client=url)
+    conn.send((handle, lock.holder()))
