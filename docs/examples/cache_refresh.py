@@ -1,29 +1,30 @@
 #!/usr/bin/env python
-"""Cache refresh under a DistReadWriteLock: many readers, one refresher, no torn reads.
+"""Cache refresh on a dogpile.cache region: an expensive value, made once per expiry by all processes.
 
-The cached value is spread over several Redis keys (its "parts"). A refresher process rewrites
-all of them, one key at a time and slowly, so between two of its writes the value is half old
-and half new. Several reader processes read every part. Readers take the read lock, so they
-read side by side; the refresher takes the write lock, so nobody reads while it writes. Every
-part carries the version it was written by: a read that finds two versions is a torn read.
+Several processes ask a dogpile.cache region for the same key, over and over. Its value is
+expensive to make (the creator sleeps a little) and expires after a short time. The region is
+on the ``distlock.redis`` backend, so the lock it takes to make a missing or expired value is a
+DistLock, shared by every process: when the value expires, one process makes it anew while the
+others go on with the old value (or, when there is none yet, wait for the new one). Each run of
+the creator counts itself in Redis (INCR), and so does the number of creators running at the
+same moment (INCR at the start, DECR at the end): two runs overlapped if it ever exceeded one.
 
 Run it::
 
     python docs/examples/cache_refresh.py              # starts its own private redis-server
     python docs/examples/cache_refresh.py --url redis://127.0.0.1:6380/0
 
-Options: ``--readers N`` (3), ``--seconds S`` (4), ``--parts K`` (5), and ``--unlocked``, which
-runs the same programs without the lock: torn reads then show up. The exit status is 0 when no
-reader saw a torn value, 1 otherwise.
-
-This is the read/write lock's own demonstration. For the usual cache, a value computed once
-when many callers miss it at the same moment, use a dogpile.cache region on the
-``distlock.redis`` backend instead (docs/guides/dogpile.rst).
+Options: ``--processes N`` (4), ``--seconds S`` (5), and ``--unlocked``, which configures the
+region with ``distributed_lock=False`` (dogpile's in-process mutex): each process then makes
+the value itself when it expires, side by side with the others. The exit status is 0 when no
+two creations overlapped, 1 otherwise, and 2 when dogpile.cache is not installed (it comes with
+the ``dogpile`` extra: ``pip install 'distlock-redis[dogpile]'``). See docs/guides/dogpile.rst.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import sys
@@ -35,82 +36,85 @@ import redis
 if __package__ in (None, ""):  # run from a source checkout: make ``distlock`` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from distlock import DistReadWriteLock
 from distlock.testing.server import RedisServer
 
-LOCK_NAME = "example:cache"
-PART_KEY = "example:cache:part:{}"
-INSIDE_KEY = "example:cache:readers-inside"  # how many readers are reading right now
+try:
+    from dogpile.cache import make_region, register_backend
+    from dogpile.cache.api import NO_VALUE
+    from dogpile.util.langhelpers import PluginLoader
+except ImportError:  # checked in main(): exit status 2
+    make_region = None  # type: ignore[assignment]
+
+KEY = "example:cache:report"  # the region's key (dogpile stores its value under this name)
+CREATIONS_KEY = "example:cache:creations"  # INCR by every run of the creator
+CREATING_KEY = "example:cache:creating"  # how many creators are running right now
+LOG_KEY = "example:cache:log"  # one JSON record per run of the creator
+EXPIRATION = 1.0  # seconds: the region's expiration_time (when dogpile makes the value anew)
+REDIS_EXPIRATION = 10  # seconds: redis_expiration_time (when Redis drops the stored value)
+WORK = 0.2  # seconds: how long the creator takes
 
 
-def _nolock() -> Any:
-    """A stand-in for a lock side that does nothing (``--unlocked``)."""
-    import contextlib
+def make_cache_region(url: str, locked: bool) -> Any:
+    """The region on the ``distlock.redis`` backend. Redis keeps a value longer than the region
+    does (``redis_expiration_time``), so that an expired value is still there to serve while one
+    process makes the new one."""
+    arguments = {"url": url, "redis_expiration_time": REDIS_EXPIRATION, "distributed_lock": locked}
+    try:
+        return make_region().configure("distlock.redis", expiration_time=EXPIRATION,
+                                       arguments=arguments)
+    except PluginLoader.NotFound:  # a source checkout that pip did not install: no entry point
+        register_backend("distlock.redis", "distlock.contrib.dogpile", "DistlockRedisBackend")
+        return make_region().configure("distlock.redis", expiration_time=EXPIRATION,
+                                       arguments=arguments)
 
-    return contextlib.nullcontext()
 
+def asker(url: str, index: int, locked: bool, results: Any, go: Any, end: Any) -> None:
+    """Ask the region for the value until the end; report the gets and the values seen."""
+    client = redis.Redis.from_url(url)
+    region = make_cache_region(url, locked)
 
-def _start_together(results: Any, go: Any, end: Any) -> float:
-    """Say ready, wait for the common start, return when to stop (monotonic clock)."""
+    def create() -> Dict[str, Any]:
+        """The expensive part: it runs under the key's lock (with ``distributed_lock``)."""
+        creating = int(client.incr(CREATING_KEY))  # > 1: another creator is running too
+        started = time.time()
+        number = int(client.incr(CREATIONS_KEY))
+        # what it replaces: nothing, an expired value, or (a process that read the old value
+        # just before another one stored the new value) a value that is fresh again
+        old = region.get(KEY, ignore_expiration=True)
+        if old is NO_VALUE:
+            replaces = "missing"
+        elif started - old["made"] < EXPIRATION:
+            replaces = "fresh"
+        else:
+            replaces = f"#{old['number']}"
+        time.sleep(WORK)
+        made = time.time()
+        client.decr(CREATING_KEY)
+        client.rpush(LOG_KEY, json.dumps({"number": number, "process": index, "creating": creating,
+                                          "replaces": replaces, "start": started, "end": made}))
+        return {"number": number, "process": index, "made": made}
+
     results.put({"role": "ready"})
     if not go.wait(60):
         raise SystemExit("no start signal")
-    return float(end.value)
-
-
-def refresher(url: str, parts: int, locked: bool, results: Any, go: Any, end: Any) -> None:
-    """Rewrite the cached value, part by part, under the write lock, until the end."""
-    client = redis.Redis.from_url(url)
-    writer = DistReadWriteLock(LOCK_NAME, client=client).write_lock()
-    end_at = _start_together(results, go, end)
-    version = 0
-    readers_seen = 0  # readers found reading while the refresher was writing
-    while time.monotonic() < end_at:
-        with writer if locked else _nolock():
-            version += 1
-            readers_seen = max(readers_seen, int(client.get(INSIDE_KEY) or 0))
-            for i in range(parts):
-                client.set(PART_KEY.format(i), f"{version}:payload-{i}-of-version-{version}")
-                time.sleep(0.002)  # a slow refresh: the value is half-written in between
-        time.sleep(0.05)  # readers get their turn
-    results.put({"role": "refresher", "refreshes": version, "readers_seen": readers_seen})
-
-
-def reader(url: str, index: int, parts: int, locked: bool, results: Any, go: Any, end: Any) -> None:
-    """Read every part under the read lock until the end; count reads that mix versions."""
-    client = redis.Redis.from_url(url)
-    shared = DistReadWriteLock(LOCK_NAME, client=client).read_lock()
-    end_at = _start_together(results, go, end)
-    reads = torn = together = 0
+    end_at = float(end.value)
+    gets = 0
     seen = set()
     while time.monotonic() < end_at:
-        with shared if locked else _nolock():
-            together = max(together, int(client.incr(INSIDE_KEY)))
-            values = []
-            for i in range(parts):
-                values.append(client.get(PART_KEY.format(i)))
-                time.sleep(0.0005)
-            client.decr(INSIDE_KEY)
-        versions = {v.split(b":", 1)[0] for v in values if v is not None}
-        if len(versions) > 1 or (versions and None in values):
-            torn += 1
-        reads += 1
-        seen |= versions
-        time.sleep(0.001)
-    results.put({"role": "reader", "index": index, "reads": reads, "torn": torn,
-                 "versions": len(seen), "together": together})
+        value = region.get_or_create(KEY, create)
+        gets += 1
+        seen.add(value["number"])
+        time.sleep(0.005)
+    results.put({"role": "asker", "index": index, "gets": gets, "seen": len(seen)})
 
 
-def run(url: str, readers: int, seconds: float, parts: int, locked: bool) -> int:
+def run(url: str, processes: int, seconds: float, locked: bool) -> int:
     client = redis.Redis.from_url(url)
-    for i in range(parts):
-        client.set(PART_KEY.format(i), f"0:initial-{i}")
-    client.set(INSIDE_KEY, 0)
+    client.delete(KEY, CREATIONS_KEY, CREATING_KEY, LOG_KEY)
     ctx = multiprocessing.get_context("spawn")
     results, go, end = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
-    procs = [ctx.Process(target=refresher, args=(url, parts, locked, results, go, end), daemon=True)]
-    procs += [ctx.Process(target=reader, args=(url, i + 1, parts, locked, results, go, end), daemon=True)
-              for i in range(readers)]
+    procs = [ctx.Process(target=asker, args=(url, i + 1, locked, results, go, end), daemon=True)
+             for i in range(processes)]
     reports: List[Dict[str, Any]] = []
     try:
         for proc in procs:
@@ -123,54 +127,63 @@ def run(url: str, readers: int, seconds: float, parts: int, locked: bool) -> int
             reports.append(results.get(timeout=seconds + 60))
         for proc in procs:
             proc.join(timeout=30)
+        creations = int(client.get(CREATIONS_KEY) or 0)
+        log = [json.loads(r) for r in client.lrange(LOG_KEY, 0, -1)]
     finally:
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=10)
-        client.delete(INSIDE_KEY, *[PART_KEY.format(i) for i in range(parts)])
+        client.delete(KEY, CREATIONS_KEY, CREATING_KEY, LOG_KEY)
         client.close()
 
-    for r in reports:
-        if r["role"] == "refresher":
-            print(f"refresher: {r['refreshes']} refreshes, each rewriting {parts} keys one by one; "
-                  f"readers reading meanwhile: at most {r['readers_seen']}")
-    together = max(r["together"] for r in reports if r["role"] == "reader")
-    total_reads = total_torn = 0
-    for r in sorted((r for r in reports if r["role"] == "reader"), key=lambda r: r["index"]):
-        print(f"reader {r['index']}: {r['reads']} reads, {r['versions']} versions seen, "
-              f"{r['torn']} torn")
-        total_reads += r["reads"]
-        total_torn += r["torn"]
-    print(f"readers reading side by side: up to {together} at once")
-    if total_torn == 0:
-        print(f"total: {total_reads} reads, 0 torn: no reader ever saw a half-written value")
+    gets = 0
+    for r in sorted(reports, key=lambda r: r["index"]):
+        made_here = sum(1 for c in log if c["process"] == r["index"])
+        print(f"process {r['index']}: {r['gets']} gets, {r['seen']} values seen, {made_here} made here")
+        gets += r["gets"]
+    # each missing or expired value that some creator replaced: the first miss and each expiry
+    expiries = len({c["replaces"] for c in log if c["replaces"] != "fresh"})
+    at_once = max((c["creating"] for c in log), default=0)
+    overlapped = sum(1 for c in log if c["creating"] > 1)
+    print(f"total: {gets} gets, {creations} creations, {expiries} misses or expiries, "
+          f"at most {at_once} creation(s) at a time")
+    fresh = sum(1 for c in log if c["replaces"] == "fresh")
+    if fresh:
+        print(f"{fresh} creation(s) replaced a value that another process had just made: their "
+              f"process read the old value just before the new one was stored (dogpile checks "
+              f"again, under the lock, only a value that was missing)")
+    if overlapped == 0:
+        print(f"no two creations overlapped: one creator at a time across all {processes} processes")
         return 0
-    print(f"total: {total_reads} reads, {total_torn} torn: readers saw half-written values"
-          + ("" if locked else " (as expected without the lock)"))
+    print(f"{overlapped} creation(s) ran while another was running"
+          + ("" if locked else " (as expected without the distributed lock)"))
     return 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--url", help="a Redis to use (default: start a private redis-server)")
-    parser.add_argument("--readers", type=int, default=3, help="reader processes (3)")
-    parser.add_argument("--seconds", type=float, default=4.0, help="how long to run (4)")
-    parser.add_argument("--parts", type=int, default=5, help="keys the cached value spans (5)")
+    parser.add_argument("--processes", type=int, default=4, help="processes asking for the value (4)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="how long to run (5)")
     parser.add_argument("--unlocked", action="store_true",
-                        help="run without the lock, to see torn reads happen")
+                        help="distributed_lock=False, to see concurrent creations happen")
     args = parser.parse_args(argv)
-    if args.readers < 1 or args.parts < 2 or not 0 < args.seconds <= 600:
-        parser.error("need --readers >= 1, --parts >= 2 and 0 < --seconds <= 600")
-    mode = "no lock" if args.unlocked else "read/write lock"
+    if args.processes < 1 or not 0 < args.seconds <= 600:
+        parser.error("need --processes >= 1 and 0 < --seconds <= 600")
+    if make_region is None:
+        print("cache_refresh: this example needs dogpile.cache, which comes with the dogpile "
+              "extra: pip install 'distlock-redis[dogpile]'", file=sys.stderr)
+        return 2
+    mode = "dogpile's in-process mutex" if args.unlocked else "distributed lock (DistLock)"
+    what = (f"{args.processes} processes, {args.seconds:g} s, value expires after "
+            f"{EXPIRATION:g} s and takes {WORK:g} s to make, {mode}")
     if args.url:
-        print(f"cache_refresh: {args.url}, {args.readers} readers, 1 refresher, {args.parts} parts, "
-              f"{args.seconds:g} s, {mode}")
-        return run(args.url, args.readers, args.seconds, args.parts, not args.unlocked)
+        print(f"cache_refresh: {args.url}, {what}")
+        return run(args.url, args.processes, args.seconds, not args.unlocked)
     with RedisServer() as server:
-        print(f"cache_refresh: private redis-server at {server.url}, {args.readers} readers, "
-              f"1 refresher, {args.parts} parts, {args.seconds:g} s, {mode}")
-        return run(server.url, args.readers, args.seconds, args.parts, not args.unlocked)
+        print(f"cache_refresh: private redis-server at {server.url}, {what}")
+        return run(server.url, args.processes, args.seconds, not args.unlocked)
 
 
 if __name__ == "__main__":

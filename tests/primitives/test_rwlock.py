@@ -874,10 +874,10 @@ def test_nothing_left_after_mixed_use(client: Any) -> None:
 
 @pytest.mark.real_redis
 @pytest.mark.server_only  # the example takes a plain redis:// URL
-def test_cache_refresh_example_runs(url: str, client: Any) -> None:
-    """docs/examples/cache_refresh.py: readers never see a half-written value; exit status 0."""
+def test_torn_reads_example_runs(url: str, client: Any) -> None:
+    """docs/examples/torn_reads.py: readers never see a half-written value; exit status 0."""
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                           "docs", "examples", "cache_refresh.py")
+                           "docs", "examples", "torn_reads.py")
     done = subprocess.run([sys.executable, example, "--url", url, "--seconds", "1.5", "--readers", "2"],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
