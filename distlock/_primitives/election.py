@@ -132,6 +132,8 @@ class Leadership:
         return self.election.resign()
 
     def __enter__(self) -> Leadership:
+        if inspect.iscoroutinefunction(self.election.resign):
+            raise TypeError("a distlock.asyncio leadership resigns with 'async with'")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -222,6 +224,9 @@ class DistElection:
         with its limits (docs/guides/bound.rst)."""
         holder = holder_suffix(check_value(value))
         seconds = check_campaign_timeout(timeout)
+        held = self._lock._current(self._lock._session())
+        if held is not None and not held.lost:  # its own hold would keep it waiting for ever
+            raise RuntimeError(f"this DistElection leads {self.name!r} already: resign() first")
         scope = self._lock.bound(False) if seconds == 0 else self._lock.bound(
             True, -1 if seconds is None else seconds)
         self._lock._holder = holder
@@ -263,7 +268,7 @@ class DistElection:
         session = lock._session()
         held = lock._current(session)
         if held is not None:
-            if held.believed():
+            if not (held.lost or session.ran_out(held)):  # believed, or suspended after a reset
                 raise RuntimeError(f"this DistElection leads {self.name!r} already: resign() first")
             try:  # a leadership that ended (lost, or past its deadline) and was never resigned
                 yield from lock._release_one()

@@ -2,8 +2,11 @@
 released by another object, process or host, its fencing token kept (docs/guides/handles.rst).
 
 A handle names the hold: its lock's name, its owner id (the hash field that holds it) and its
-token. Every use checks both in Redis (``lock_renew``, ``lock_release``), so a stale handle (the
-hold ended, or the lock was granted again since) changes nothing and raises LockLostError.
+token. Every use checks both in Redis (``lock_handover``, ``lock_release``), so a stale handle
+(the hold ended, was adopted already, or the lock was granted again since) changes nothing and
+raises LockLostError. The export renames the hold's owner to the handle's own, and an adoption
+renames it to the adopter's, in the same script that sets the lease: a handle is used once, and
+a renewal of the exporter's still in flight finds nothing to renew.
 
 An exported hold is *detached*: the exporting process no longer renews it, nor gives it back
 when its lock object is collected or at interpreter exit. It lives by the lease the export gave
@@ -14,15 +17,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
+import os
 import time
+import uuid
 from typing import Any, Optional, Tuple
 
 from .._core.checks import check_lease, check_name
 from .._core.deadlines import lease_ms
 from .._core.election import check_value, holder_suffix, leader_of
 from .._core.errors import LockLostError, LockNotOwnedError
-from .._core.flow import Flow, Run
+from .._core.flow import Flow, Run, drive
 from .._core.settings import settings
 from .._redis import QUORUM, topology
 
@@ -76,6 +82,12 @@ class Handles:
         return self._drive(self._export(lease))  # type: ignore[attr-defined,no-any-return]
 
     @classmethod
+    def _from_handle(cls, name: str, client: Any, lease: Optional[float]) -> Any:
+        """The lock object an adoption or a release by handle uses (a subclass with other
+        constructor arguments says how to make it)."""
+        return cls(name, client=client, lease=lease)  # type: ignore[call-arg]
+
+    @classmethod
     def adopt(cls, handle: str, *, client: Any = None, lease: Optional[float] = None) -> Any:
         """A new lock object of the handle's name that holds the handle's hold (same owner,
         same token): its ``release()``, ``owned()``, ``token`` and ``on_lost`` work as after an
@@ -83,7 +95,7 @@ class Handles:
         that many seconds. LockLostError when the hold is gone or someone else's (a stale
         handle); TypeError / ValueError for what is no handle."""
         name, owner, token = decode_handle(handle)
-        lock: Any = cls(name, client=client, lease=lease)  # type: ignore[call-arg]
+        lock: Any = cls._from_handle(name, client, lease)
         lock._drive(lock._adopt(owner, token))
         return lock
 
@@ -92,7 +104,7 @@ class Handles:
         """Release the hold a handle names, token-checked, from anywhere: LockLostError when
         it is gone or someone else's (nothing changes then)."""
         name, owner, token = decode_handle(handle)
-        lock: Any = cls(name, client=client)  # type: ignore[call-arg]
+        lock: Any = cls._from_handle(name, client, None)
         lock._drive(lock._release_handle(owner, token))
 
     def holder(self) -> Optional[str]:
@@ -114,29 +126,50 @@ class Handles:
         if hold is None:
             raise LockNotOwnedError("export of an unlocked lock", name=self._name)
         # detached first: no renewal starts after this, and neither exit nor collection gives
-        # it back; a hold whose export fails still ends with its lease
+        # it back (one in flight finds the owner renamed)
         self._forget(hold)  # type: ignore[attr-defined]
         session.drop_hold(hold)
         if session.ran_out(hold):
             raise LockLostError(f"lease on {self._name!r} was lost before export",
                                 name=self._name, token=hold.token, cause=hold.cause)
         ms = lease_ms(seconds or self._lease or settings().lease)
-        if int((yield from self._renew_to(hold.owner, hold.token, ms))) != 1:
+        owner = handle_owner()
+        # should its reply be lost, nobody holds the handle: given back under either name
+        if not (yield from self._hand_over(session, hold.owner, hold.token, owner, ms,
+                                           (hold.owner, owner))):
             session.mark_lost(hold)
             raise LockLostError(f"lease on {self._name!r} was lost before export",
                                 name=self._name, token=hold.token, cause=hold.cause)
-        return encode_handle(self._name, hold.owner, hold.token)
+        return encode_handle(self._name, owner, hold.token)
 
     def _adopt(self, owner: str, token: int) -> Flow[None]:
         self._refuse_handles()
         session = self._session()  # type: ignore[attr-defined]
         watchdog = self._lease is None
         ms = lease_ms(settings().lease if self._lease is None else self._lease)
+        mine = self._owner_for(session)  # type: ignore[attr-defined]
         sent_at = time.monotonic()
-        if int((yield from self._renew_to(owner, token, ms))) != 1:
-            raise LockLostError(f"the handle's hold of {self._name!r} is gone or someone else's",
-                                name=self._name, token=token, cause="a stale handle")
-        self._grant(session, owner, token, 1, watchdog, ms, sent_at)  # type: ignore[attr-defined]
+        # should its reply be lost, the hold is given back if it became ours; the handle
+        # still names it if it did not
+        if not (yield from self._hand_over(session, owner, token, mine, ms, (mine,))):
+            raise LockLostError(f"the handle's hold of {self._name!r} is gone, adopted "
+                                f"already, or someone else's", name=self._name, token=token,
+                                cause="a stale handle")
+        self._grant(session, mine, token, 1, watchdog, ms, sent_at)  # type: ignore[attr-defined]
+
+    def _hand_over(self, session: Any, owner: str, token: int, new: str, ms: int,
+                   undo: Tuple[str, ...]) -> Flow[bool]:
+        """``lock_handover``: True when the hold is ``new``'s now, with ``ms`` of lease. When
+        the script may have run but its reply is unknown (an error, a cancellation), the hold
+        is given back under the names ``undo``, token-checked, off the caller's path: nobody
+        would believe it."""
+        keys = self._keys
+        try:
+            return int((yield Run("lock_handover", (keys.lock, keys.fence),
+                                  (owner, token, new, ms, ms + settings().fence_retention_ms)))) == 1
+        except BaseException:
+            session.defer(functools.partial(_give_back, session, keys, undo, token))
+            raise
 
     def _release_handle(self, owner: str, token: int) -> Flow[None]:
         self._refuse_handles()
@@ -144,11 +177,6 @@ class Handles:
         if int((yield Run("lock_release", (keys.lock, keys.queue), (owner, token, 0)))) < 0:
             raise LockLostError(f"the handle's hold of {self._name!r} is gone or someone else's",
                                 name=self._name, token=token, cause="a stale handle")
-
-    def _renew_to(self, owner: str, token: int, ms: int) -> Flow[Any]:
-        keys = self._keys
-        return (yield Run("lock_renew", (keys.lock, keys.fence),
-                          (owner, token, ms, ms + settings().fence_retention_ms)))
 
     def _read_holder(self) -> Flow[Optional[str]]:
         keys = self._keys
@@ -158,3 +186,23 @@ class Handles:
     def _set_holder(self, holder: Optional[str]) -> None:
         if holder is not None:
             self._holder = holder_suffix(check_value(holder))
+
+
+def handle_owner() -> str:
+    """The owner id of an exported hold: of no live session (a fresh uuid4, as a session id)."""
+    hold_id = os.urandom(6).hex()
+    return f"{uuid.uuid4().hex}:{'f' + hold_id[1:] if hold_id.isdigit() else hold_id}"
+
+
+def _release_flow(keys: Any, owner: str, token: int) -> Flow[Any]:
+    return (yield Run("lock_release", (keys.lock, keys.queue), (owner, token, 0)))
+
+
+def _give_back(session: Any, keys: Any, owners: Tuple[str, ...], token: int) -> None:
+    """A chore: release a hold whose hand-over may or may not have run, under each owner it
+    may have (token-checked: at most one matches)."""
+    for owner in owners:
+        try:
+            drive(_release_flow(keys, owner, token), session)
+        except Exception:  # noqa: BLE001 - what cannot be given back ends with its lease
+            pass

@@ -45,7 +45,7 @@ import distlock
 from distlock import DistLock
 from distlock._core.checks import check_acquire_args, check_seconds
 from distlock._core.deadlines import lease_ms
-from distlock._core.flow import Flow
+from distlock._core.flow import Flow, Run
 from distlock._core.settings import settings
 
 __all__ = ["RedisCache", "DjangoLock", "LockError", "LockNotOwnedError", "LockLostError"]
@@ -165,6 +165,15 @@ class DjangoLock(DistLock):
         hold.lease_ms = ms
         hold.expires_at = sent_at + ms / 1000.0 - session.executor.margin(ms)
         return True
+
+    def _renew_to(self, owner: str, token: int, ms: int) -> Flow[Any]:
+        keys = self._keys
+        return (yield Run("lock_renew", (keys.lock, keys.fence),
+                          (owner, token, ms, ms + settings().fence_retention_ms)))
+
+    @classmethod
+    def _from_handle(cls, name: str, client: Any, lease: Optional[float]) -> DjangoLock:
+        return cls(name, client=client, timeout=lease)
 
     def __repr__(self) -> str:
         return super().__repr__().replace("distlock.DistLock ", "distlock.contrib.django.DjangoLock ", 1)

@@ -133,17 +133,26 @@ class DistlockLockManager:
     def wait_for_lock(self, key: str, timeout: Optional[float] = None) -> bool:
         """Wait until the lock of ``key`` is free (True), at most ``timeout`` seconds (False
         when it is still held then)."""
-        lock = DistLock(self._name(key), client=self.client)
-        if not lock.locked():
-            return True
-        if not _take(lock, timeout):
-            return False
-        lock.release()
-        return True
+        return self._wait_for(key, timeout, None)
 
     async def await_for_lock(self, key: str, timeout: Optional[float] = None) -> bool:
         """``wait_for_lock``, awaited."""
-        return await _in_thread(self.wait_for_lock, key, timeout)
+        call = _Call()
+        try:
+            return await _in_thread(self._wait_for, key, timeout, call)
+        except asyncio.CancelledError:
+            with call.mutex:
+                call.cancelled = True  # its thread stops waiting within a slice
+            raise
+
+    def _wait_for(self, key: str, timeout: Optional[float], call: Optional[_Call]) -> bool:
+        lock = DistLock(self._name(key), client=self.client)
+        if not lock.locked():
+            return True
+        if not _take(lock, timeout, call):
+            return False
+        lock.release()
+        return True
 
     # --- holds this object took ---------------------------------------------------------------------
 
@@ -153,7 +162,7 @@ class DistlockLockManager:
         if not lock.acquire(blocking=False):
             if lock.holder() == holder:
                 return True  # the holder has it already
-            if not _take(lock, acquire_timeout):
+            if not _take(lock, acquire_timeout, call):
                 return False
         token = lock.token
         assert token is not None
@@ -232,14 +241,26 @@ class DistlockLockManager:
         return f"DistlockLockManager(prefix={self.prefix!r})"
 
 
-def _take(lock: DistLock, timeout: Optional[float]) -> bool:
+#: how long the thread of an awaited call waits at a time before it looks whether its caller
+#: was cancelled: a cancelled call's thread ends within this, without taking the lock
+SLICE = 0.25
+
+
+def _take(lock: DistLock, timeout: Optional[float], call: Optional[_Call] = None) -> bool:
     """Acquire ``lock`` waiting ``timeout`` seconds (None: as long as it takes; 0 or less: no
-    wait)."""
-    if timeout is None:
-        return lock.acquire()
-    if timeout <= 0:
+    wait); for an awaited ``call``, in slices, giving up once the call is cancelled."""
+    if timeout is not None and timeout <= 0:
         return lock.acquire(blocking=False)
-    return lock.acquire(timeout=timeout)
+    if call is None:
+        return lock.acquire() if timeout is None else lock.acquire(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while not call.cancelled:
+        left = SLICE if deadline is None else min(SLICE, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        if lock.acquire(timeout=left):
+            return True
+    return False
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:

@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 import pytest
 import redis
 from _aio import run_in_loop
+from _support import until
 
 import distlock
 import distlock.asyncio as aio
@@ -69,6 +70,8 @@ def test_a_cancelled_campaign_leaves_nothing_behind(url: str, client: Any) -> No
         await leadership.resign()
         assert await other.leader() is None and not other.is_leader()
     run(url, body)
+    until(lambda: [k for k in client.keys(f"*{name}*") if not k.endswith(b":fence")] == [],
+          what="no waiter entry left")
 
 
 def test_the_blocking_and_the_asyncio_election_are_one(url: str, client: Any) -> None:
@@ -78,7 +81,7 @@ def test_the_blocking_and_the_asyncio_election_are_one(url: str, client: Any) ->
     async def body(ac: Any) -> None:
         election = aio.DistElection(name, client=ac)
         leadership = await election.campaign("task")
-        assert blocking.leader()[:2] == ("task", leadership.epoch)  # noqa: ASYNC - a quick read
+        assert blocking.leader()[:2] == ("task", leadership.epoch)  # a quick blocking read
         with pytest.raises(TimeoutError):
             blocking.campaign("thread", timeout=0)
         await leadership.resign()

@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import pytest
+import redis
 from _aio import run_in_loop
 from _handle_workers import adopt_and_report, export_and_exit
 from _procs import recv
@@ -17,6 +18,7 @@ from _support import distlock_keys, until
 import distlock
 import distlock.asyncio as aio
 from distlock import DistLock, LockLostError, LockNotOwnedError
+from distlock.testing.failpoints import BEFORE, LATE, LOST, arm
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.cluster_too]
 
@@ -63,6 +65,40 @@ def test_a_stale_handle_changes_nothing(client: Any) -> None:
         DistLock.release_handle(handle, client=client)
     assert _hash(client, name) == before and lock.owned()
     lock.release()
+
+
+def test_a_handle_is_used_once(client: Any) -> None:
+    """An adoption renames the hold's owner: a second adoption of the same handle (a task
+    delivered twice), or a release by it after the adoption, changes nothing."""
+    name = _name()
+    lock = DistLock(name, client=client)
+    lock.acquire()
+    handle = lock.export(lease=10)
+    first = DistLock.adopt(handle, client=client)
+    before = _hash(client, name)
+    with pytest.raises(LockLostError):
+        DistLock.adopt(handle, client=client)
+    with pytest.raises(LockLostError):
+        DistLock.release_handle(handle, client=client)
+    assert _hash(client, name) == before and first.owned()
+    again = first.export(lease=10)  # an adopted hold can be handed on in turn
+    assert again != handle and not first.owned()
+    DistLock.release_handle(again, client=client)
+    assert not lock.locked()
+
+
+def test_an_export_renames_the_owner_so_a_late_renewal_finds_nothing(client: Any) -> None:
+    name = _name()
+    lock = DistLock(name, client=client)
+    lock.acquire()
+    old_owner = next(k for k in _hash(client, name) if not k.startswith(b":"))
+    handle = lock.export(lease=10)
+    fields = _hash(client, name)
+    assert old_owner not in fields and len([k for k in fields if not k.startswith(b":")]) == 1
+    # what the exporter's watchdog would send, had a renewal been in flight
+    assert client.evalsha(client.script_load(
+        "return redis.call('hexists', KEYS[1], ARGV[1])"), 1, f"distlock:{{{name}}}", old_owner) == 0
+    DistLock.release_handle(handle, client=client)
 
 
 def test_the_holder_value_is_read_by_anyone(client: Any) -> None:
@@ -168,3 +204,42 @@ def test_distlock_status_shows_the_holder_value(url: str, client: Any) -> None:
                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert shown.returncode == 0, shown.stderr
     assert "holder 'task-17'" in shown.stdout
+
+
+@pytest.mark.server_only
+@pytest.mark.parametrize("how", [BEFORE, LOST, LATE])
+def test_an_export_whose_reply_is_lost_leaves_no_hold_behind(client: Any, how: str) -> None:
+    """Nobody holds the handle of an export that failed: the hold is given back, under the
+    name it had or the handle's, whichever it has."""
+    name = _name()
+    lock = DistLock(name, client=client)
+    lock.acquire()
+    points = arm(lock)
+    points.fail("lock_handover", 1, how)
+    with points.active(), pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+        lock.export(lease=30)
+    assert not lock.owned()
+    until(lambda: not client.exists(f"distlock:{{{name}}}"), what="the hold given back")
+
+
+@pytest.mark.server_only
+@pytest.mark.parametrize("how", [BEFORE, LOST, LATE])
+def test_an_adoption_whose_reply_is_lost_leaves_no_hold_nobody_believes(client: Any, how: str) -> None:
+    """If the hand-over ran, the adopter's name is given back; if it did not, the handle still
+    names the hold, and a second adoption takes it."""
+    name = _name()
+    lock = DistLock(name, client=client)
+    lock.acquire()
+    handle = lock.export(lease=30)
+    points = arm(lock)
+    points.fail("lock_handover", 1, how)
+    with points.active(), pytest.raises((redis.ConnectionError, redis.TimeoutError)):
+        DistLock.adopt(handle, client=client)
+    if how == BEFORE:
+        adopted = DistLock.adopt(handle, client=client)
+        assert adopted.owned()
+        adopted.release()
+    else:
+        until(lambda: not client.exists(f"distlock:{{{name}}}"), what="the hold given back")
+        with pytest.raises(LockLostError):
+            DistLock.adopt(handle, client=client)
