@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import redis
@@ -225,6 +225,18 @@ __all__ = ["Backend", "distlock"]
 
 # --- a real Redis Cluster (distlock/testing/cluster.py) -------------------------------------------------
 
+def _started(what: str, start: Callable[[], Any]) -> Any:
+    """A session's topology, started; once more when the first start failed. A run's first
+    minutes (two passes and the Python matrix starting at once) may outlast a start's bound,
+    or another process may take a port it picked before its server bound it; the first
+    failure goes to the run's stderr, uncaptured, so that it is seen, not hidden."""
+    try:
+        return start()
+    except (TimeoutError, RuntimeError, OSError, redis.RedisError) as exc:
+        print(f"\n{what} did not start ({exc!r}); starting it once more", file=sys.__stderr__)
+        return start()
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Any]:
     """A Redis Cluster of 3 masters and 3 replicas (distlock/testing/cluster.py), started the first time
@@ -240,7 +252,7 @@ def cluster() -> Iterator[Any]:
         if REQUIRE_REAL:
             pytest.fail(f"DISTLOCK_REQUIRE_REDIS=1 but the cluster {reason}")
         pytest.skip(reason)
-    made = Cluster.start(binary)
+    made = _started("the session's Redis Cluster", lambda: Cluster.start(binary))
     try:
         yield made
     finally:
@@ -351,7 +363,7 @@ def sentinel_set() -> Iterator[Any]:
         if REQUIRE_REAL:
             pytest.fail(f"DISTLOCK_REQUIRE_REDIS=1 but the Sentinel set {reason}")
         pytest.skip(reason)
-    made = SentinelSet.start(binary)
+    made = _started("the session's Sentinel set", lambda: SentinelSet.start(binary))
     try:
         yield made
     finally:
