@@ -171,6 +171,10 @@ def check_round(wd: Any, holds: List[Hold]) -> None:
         # EXISTS and HGET (the documented ACL allows both); HGET of a sorted set is an error
         # reply: no token to compare, the key's existence tells
         gone = exists == 0 or (isinstance(token, str) and token != str(hold.token))
+        if gone and exists == 0 and hold.key.endswith(":sem"):
+            # a permit released on its owner's behalf deletes a semaphore's key at rest with no
+            # restart at all: its renewal, which reads the handed permits, decides (sem_renew)
+            continue
         if gone and not hold.lost and not hold.releasing and wd.registered(hold):
             wd._on_lost(hold, "the watchdog's first read found it gone or someone else's "
                               "(its server restarted, or the key was removed, after the grant)")

@@ -116,3 +116,12 @@ def test_a_slow_read_changes_nothing(watchdog: Any, lost: List[Any]) -> None:
     hold = _hold(wd, "lock", token=7, grant=True)
     wd._witness(1.0)
     assert not hold.suspended and lost == []
+
+
+def test_a_semaphore_key_gone_is_left_to_the_renewal(watchdog: Any, lost: List[Any]) -> None:
+    """A permit released on its owner's behalf deletes the key at rest, with no restart: the
+    read-back leaves the permit to its renewal, which reads the handed permits."""
+    wd = watchdog(_Executor(replies=[0, None]))
+    hold = _hold(wd, "distlock:{s}:sem", token=7, grant=True)
+    wd._witness(1.0)
+    assert lost == [] and not hold.lost
