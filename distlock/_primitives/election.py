@@ -19,14 +19,14 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional
 
 import redis
 
 from .._core.checks import check_seconds
-from .._core.election import Leader, check_value, holder_suffix, leader_of
+from .._core.election import Leader, check_value, holder_suffix
 from .._core.errors import LockLostError, LockNotOwnedError
-from .._core.flow import Flow, Run, drive
+from .._core.flow import Flow, drive
 from .._core.outcomes import Busy, Done, Outcome
 from .._redis import QUORUM, topology
 from .._session.session import Hold, Session
@@ -60,17 +60,13 @@ def check_campaign_timeout(timeout: object) -> Optional[float]:
     return None if math.isinf(timeout) else float(timeout)
 
 
-def _hint(session: Session, keys: Tuple[str, str]) -> None:
+def _hint(session: Session, lock: _Candidate) -> None:
     """Tell every observer to look (a chore: the caller's result does not depend on it, and an
     observer that misses it looks by itself within its bound)."""
     try:
-        drive(_publish(keys), session)
+        drive(lock._read_leader(publish=True), session)
     except redis.RedisError:
         pass
-
-
-def _publish(keys: Tuple[str, str]) -> Flow[Any]:
-    return (yield Run("elect_look", keys, ("1",)))
 
 
 class _Candidate(DistLock):
@@ -82,19 +78,14 @@ class _Candidate(DistLock):
     def _grant(self, session: Session, owner: str, token: int, count: int, watchdog: bool,
                ms: int, sent_at: float) -> Hold:
         hold = super()._grant(session, owner, token, count, watchdog, ms, sent_at)
-        session.defer(functools.partial(_hint, session, self._look))
+        session.defer(functools.partial(_hint, session, self))
         return hold
 
     def _release(self, hold: Hold, session: Session, count: int) -> Flow[int]:
         try:
             return (yield from super()._release(hold, session, count))
         finally:
-            session.defer(functools.partial(_hint, session, self._look))
-
-    @property
-    def _look(self) -> Tuple[str, str]:
-        """``elect_look``'s keys: the lock hash and the election's channel."""
-        return self._keys.lock, self._keys.sub("lead")
+            session.defer(functools.partial(_hint, session, self))
 
 
 class Leadership:
@@ -285,7 +276,7 @@ class DistElection:
         return leadership
 
     def _look(self) -> Flow[Optional[Leader]]:
-        return leader_of((yield Run("elect_look", self._lock._look, ("0",))))
+        return (yield from self._lock._read_leader())
 
     def _next_change(self, last: Any, timeout: Optional[float]) -> Flow[Any]:
         waiting = _Observing(self, last)
@@ -303,7 +294,7 @@ class _Observing(Waiting):
     strict = True  # every observer of the process looks within its bound, not only the first
 
     def __init__(self, election: DistElection, last: Any) -> None:
-        self.channel = election._lock._look[1]
+        self.channel = election._lock._look_keys[1]
         self._election = election
         self._last = last
 

@@ -26,7 +26,7 @@ from typing import Any, Optional, Tuple
 
 from .._core.checks import check_lease, check_name
 from .._core.deadlines import lease_ms
-from .._core.election import check_value, holder_suffix, leader_of
+from .._core.election import Leader, check_value, holder_suffix, leader_of
 from .._core.errors import LockLostError, LockNotOwnedError
 from .._core.flow import Flow, Run, drive
 from .._core.settings import settings
@@ -173,15 +173,23 @@ class Handles:
 
     def _release_handle(self, owner: str, token: int) -> Flow[None]:
         self._refuse_handles()
-        keys = self._keys
-        if int((yield Run("lock_release", (keys.lock, keys.queue), (owner, token, 0)))) < 0:
+        if int((yield from _release_flow(self._keys, owner, token))) < 0:
             raise LockLostError(f"the handle's hold of {self._name!r} is gone or someone else's",
                                 name=self._name, token=token, cause="a stale handle")
 
     def _read_holder(self) -> Flow[Optional[str]]:
-        keys = self._keys
-        found = leader_of((yield Run("elect_look", (keys.lock, keys.sub("lead")), ("0",))))
+        found = yield from self._read_leader()
         return None if found is None else found.value
+
+    @property
+    def _look_keys(self) -> Tuple[str, str]:
+        """``elect_look``'s keys: the lock hash and the name's election channel."""
+        return self._keys.lock, self._keys.sub("lead")
+
+    def _read_leader(self, publish: bool = False) -> Flow[Optional[Leader]]:
+        """Who holds the name now, with its holder value (``elect_look``); ``publish``: and
+        hint the name's election observers to look."""
+        return leader_of((yield Run("elect_look", self._look_keys, ("1" if publish else "0",))))
 
     def _set_holder(self, holder: Optional[str]) -> None:
         if holder is not None:
