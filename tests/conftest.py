@@ -30,6 +30,7 @@ import redis
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
 
 from _procs import Children  # noqa: E402
+from _support import stacks  # noqa: E402
 
 import distlock
 from distlock._core.settings import reset_settings
@@ -206,7 +207,7 @@ def _wait_threads_gone(before: set[threading.Thread], timeout: float = 5.0) -> N
         if not extra or time.monotonic() > deadline:
             break
         time.sleep(0.01)
-    assert not extra, f"threads left behind: {extra}"
+    assert not extra, f"threads left behind: {extra}; where they are: {stacks(extra)}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -389,7 +390,7 @@ def sentinel_client(sentinel_set: Any) -> Iterator[redis.Redis]:
         finally:
             c.close()
             reset_settings()
-        _wait_threads_gone(before)
+        _wait_threads_gone(before, timeout=20.0)  # a renewal may be in a 5 s socket timeout as the set heals
 
 
 @pytest.fixture

@@ -105,12 +105,12 @@ def sentinel_twin(pool: Any) -> redis.Redis:
         node_kwargs = node.connection_pool.connection_kwargs
         addrs.append((node_kwargs["host"], node_kwargs["port"]))
     sentinel_kwargs = {k: v for k, v in manager.sentinel_kwargs.items() if k in accepted and k not in _SKIP}
-    twin_manager = sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    twin_manager = sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         addrs, min_other_sentinels=manager.min_other_sentinels, sentinel_kwargs=sentinel_kwargs,
         force_master_ip=getattr(manager, "_force_master_ip", None))
     ssl = issubclass(pool.connection_class, aconnection.SSLConnection)
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in accepted and k not in _SKIP}
-    return twin_manager.master_for(  # type: ignore[no-any-return,no-untyped-call]
+    return twin_manager.master_for(  # type: ignore[no-any-return,no-untyped-call,unused-ignore]
         pool.service_name, check_connection=pool.check_connection,
         connection_class=sentinel.SentinelManagedSSLConnection if ssl else sentinel.SentinelManagedConnection,
         **kwargs)

@@ -263,19 +263,19 @@ def _remapped(plan: _Plan, module: Any) -> Any:
     themselves are reached directly: a worker cut off from the data is not cut off from them."""
     remap = plan.remap
     sentinels = [(h, int(p)) for h, p in plan.sentinels or []]
-    kwargs = {"sentinel_kwargs": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}}
+    kwargs: Dict[str, Any] = {"sentinel_kwargs": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0}}
     if module is redis:
         class Remapped(redis.sentinel.Sentinel):
             def discover_master(self, service_name: str) -> Any:
-                found = super().discover_master(service_name)  # type: ignore[no-untyped-call]
+                found = super().discover_master(service_name)  # type: ignore[no-untyped-call,unused-ignore]
                 return remap.get((found[0], int(found[1])), found)
-        return Remapped(sentinels, **kwargs)  # type: ignore[no-untyped-call]
+        return Remapped(sentinels, **kwargs)  # type: ignore[no-untyped-call,unused-ignore]
 
     class AsyncRemapped(redis.asyncio.sentinel.Sentinel):
         async def discover_master(self, service_name: str) -> Any:
             found = await super().discover_master(service_name)
             return remap.get((found[0], int(found[1])), found)
-    return AsyncRemapped(sentinels, **kwargs)  # type: ignore[no-untyped-call]
+    return AsyncRemapped(sentinels, **kwargs)  # type: ignore[no-untyped-call,unused-ignore]
 
 
 def _run_threads(plan: _Plan) -> int:

@@ -230,16 +230,16 @@ class SentinelSet:
     def client(self, **kwargs: Any) -> redis.Redis:
         """A new master client: ``Sentinel(<the three>).master_for("distlock", **kwargs)`` (its
         Sentinel is closed with the set; the caller closes the client)."""
-        manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        manager = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             self.sentinel_addrs, sentinel_kwargs=self._sentinel_kwargs())
         self._clients.append(manager)
         kwargs.setdefault("socket_timeout", 5.0)
-        return manager.master_for(SERVICE, **kwargs)  # type: ignore[no-any-return,no-untyped-call]
+        return manager.master_for(SERVICE, **kwargs)  # type: ignore[no-any-return,no-untyped-call,unused-ignore]
 
     def aclient(self, **kwargs: Any) -> Any:
         """``client``'s asyncio twin (``redis.asyncio.sentinel``); it connects on first use, in
         the loop that uses it."""
-        manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        manager = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             self.sentinel_addrs, sentinel_kwargs=self._sentinel_kwargs())
         kwargs.setdefault("socket_timeout", 5.0)
         return manager.master_for(SERVICE, **kwargs)

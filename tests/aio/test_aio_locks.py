@@ -430,9 +430,13 @@ def test_belief_ends_at_a_fixed_leases_deadline(url: str, client: redis.Redis, k
         lock = getattr(aio, kind)(name, client=ac, lease=0.3)
         lost: List[float] = []
         lock.on_lost(lambda _lock: lost.append(time.monotonic()))
+        before = time.monotonic()
         assert await lock.acquire() is True
         after = time.monotonic()
-        assert lock.owned() and lock.token is not None and 0.0 < lock.valid_for() <= 0.3
+        valid, owned = lock.valid_for(), lock.owned() and lock.token is not None
+        assert valid <= 0.3
+        if time.monotonic() < before + 0.3:  # a loaded machine may stall past the lease
+            assert owned and valid > 0.0
         while time.monotonic() < after + 0.3:
             await asyncio.sleep(0.01)
         assert not lock.owned() and lock.token is None and lock.valid_for() == 0.0

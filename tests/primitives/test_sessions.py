@@ -20,7 +20,7 @@ from typing import Any, Dict, List
 
 import pytest
 import redis
-from _support import collect_garbage, settle
+from _support import collect_garbage, settle, stacks
 
 from distlock import DistLock, DistRLock
 from distlock._session.session import all_sessions, session_for
@@ -80,14 +80,27 @@ def test_per_request_clients_of_their_own_session_leave_nothing(url: str, client
                 if s is not None and (id(s) in current or not s.closed)]
 
     def clean() -> bool:
+        # collected again at each look while a session is left: a cycle that refers to the
+        # last lock (and through it to its client) can form after the collection above, while
+        # the session's last jobs end; the stress of three copies at once left one in about
+        # twenty runs. Only then: a full collection of a full run's heap holds the GIL for
+        # long, and done every 50 ms it starves the threads whose exit this waits for (CI's
+        # valkey pass: 0 sessions left, and eight idle workers still waiting for the GIL to
+        # return from their 0.2 s wait after 15 s)
+        if left():
+            gc.collect()
         return (not left() and set(_helper_threads()) <= before_threads
                 and connections() == 0)
 
-    assert settle(clean, 10.0), (
+    # 15 s: a renewal job (the watchdog's connection opening, its read-back) is bounded by the
+    # renewal twin's socket timeout, renew_interval (10 s); CI's valkey pass saw one such job's
+    # thread still running after 10 s (why a job waits that long is not known yet)
+    assert settle(clean, 15.0), (
         f"left behind: {len(left())} sessions, threads "
         f"{set(_helper_threads()) - before_threads}, {connections()} connections: "
         f"{[(c.get('cmd'), c.get('age'), c.get('idle')) for c in ours()]}; sessions: "
-        f"{[_why_kept(s) for s in left()][:3]}; reaper: {_reaper_state()}")
+        f"{[_why_kept(s) for s in left()][:3]}; reaper: {_reaper_state()}; where the threads "
+        f"are: {stacks(set(_helper_threads()) - before_threads)}")
 
 
 def _why_kept(session: Any) -> Dict[str, Any]:

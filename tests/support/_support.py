@@ -8,8 +8,10 @@ import math
 import re
 import selectors
 import subprocess
+import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -48,6 +50,16 @@ def sem_permits(client: Any, key: str) -> List[Tuple[bytes, float]]:
     expiry = seconds * 1000 + micros // 1000 + pttl
     return sorted(((member, expiry if math.isinf(score) else score) for member, score in rows),
                   key=lambda row: row[1])
+
+
+def stacks(threads: Any) -> Dict[str, str]:
+    """Where each of ``threads`` is now (its innermost frames), for a failure's message."""
+    frames = sys._current_frames()
+    out = {}
+    for thread in threads:
+        frame = frames.get(thread.ident or -1)
+        out[thread.name] = "".join(traceback.format_stack(frame)[-8:]) if frame else "?"
+    return out
 
 
 def settle(check: Callable[[], Any], bound: float) -> bool:

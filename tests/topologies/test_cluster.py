@@ -441,16 +441,16 @@ def test_a_bare_setslot_drops_the_hold_and_the_holder_is_told(cluster: Any, heal
 
 def _try(lock: Any, timeout: float) -> bool:
     """One bounded acquire during a failover: an error (no master for the slot yet) counts as
-    not acquired; it must come back within its bound and three seconds (a loaded machine
-    overran one second by 0.2 s: what this catches is an acquire that waits for a whole socket
-    timeout or more)."""
+    not acquired; it must come back within its bound and six seconds. What this catches is an
+    acquire that hangs on a dead node (the clients here have no socket timeout); the slack is
+    for a loaded machine: CI, running three suites at once, saw overruns of 1.2 s and 3.3 s."""
     started = time.monotonic()
     try:
         got = bool(lock.acquire(timeout=timeout))
     except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError,
             redis.exceptions.RedisClusterException):
         got = False
-    assert time.monotonic() - started < timeout + 3.0, "an acquire waited past its bound"
+    assert time.monotonic() - started < timeout + 6.0, "an acquire waited past its bound"
     return got
 
 
