@@ -116,6 +116,12 @@ class Hold:
         self.alarms.append((self.sent_at + seconds, callback))
         self.alarms.sort(key=lambda alarm: alarm[0])
 
+    def due(self) -> float:
+        """The earliest time the watchdog must look at the hold: its local deadline, its cap,
+        or its first ``on_long_hold`` alarm."""
+        due = min(self.expires_at, self.cap_at)
+        return min(due, self.alarms[0][0]) if self.alarms else due
+
     def end_cause(self, now: float) -> str:
         """Why belief in the hold ended at ``now``, past its cap or its local deadline (the
         cause ``on_lost`` is told, whichever thread saw it first)."""

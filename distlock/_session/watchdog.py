@@ -31,6 +31,7 @@ import collections
 import functools
 import heapq
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
@@ -87,34 +88,47 @@ class Watchdog:
         self._confirm = False
         #: the watchdog's own connection was asked to open (``add``); dropped with it
         self._renewal_open = False
+        #: a job on ``renewals`` is using that connection: it is closed by that job when it
+        #: ends (``_drop_if_stale``), never under it (see ``_drop_renewer``)
+        self._renewal_io = False
         self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
+        #: when the thread's current wait ends (time.monotonic()); infinity while it is not
+        #: waiting (it looks at everything before its next wait): work due no sooner than this
+        #: needs no kick, which would wake the thread on the caller's path for nothing
+        self._wake_at = math.inf
         self.closed = False
 
     # --- the registry -------------------------------------------------------------------------
 
     def add(self, hold: Hold) -> None:
+        # the thread must look at the hold by its deadline (it reports it lost there), and a
+        # renewed one's a quarter lease earlier (``_renew_at``): the thread's next wait ends
+        # within ``TICK``, so a hold of a lease longer than that seldom needs it woken
+        due = hold.due() - hold.lease_ms / 4000.0
         with self.mutex:
             self.holds[(hold.key, hold.owner)] = hold
-            self._ensure_locked()  # it keeps every hold's deadline, fixed leases' too
+            self._ensure_locked(due)  # it keeps every hold's deadline, fixed leases' too
             opening = not self._renewal_open
             self._renewal_open = True
         if opening:  # once per watchdog connection, not per hold: off the caller's path
             self.renewals.submit(self._open_renewal)
 
     def _open_renewal(self) -> None:
-        if self.closed or not self._renewal_open:
-            return  # dropped before this job ran (the thread went idle, or the session closed)
+        with self.mutex:
+            if self.closed or not self._renewal_open:
+                return  # dropped before this job ran (the thread went idle, or the session closed)
+            self._renewal_io = True
         try:
             made = self._executor().open_renewal()
+            if made:
+                self._witness(time.monotonic())  # once it is open: see _witness
+                self._kick.set()  # the thread's wait takes the new socket in
         except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
             log.debug("distlock: could not open the watchdog's connection: %r", exc)
             if refused(exc):  # the server that granted the holds may be gone (a restart)
                 self.suspend(f"the watchdog could not connect to the server ({exc!r})")
-        else:
-            if made:
-                self._witness(time.monotonic())  # once it is open: see _witness
-        self._drop_if_stale()
-        self._kick.set()  # the thread's wait takes the new socket in
+        finally:
+            self._drop_if_stale()
 
     def _witness(self, opening: float) -> None:
         """The watchdog's own connection is open, as of ``opening`` (time.monotonic(), read
@@ -131,10 +145,11 @@ class Watchdog:
             check_round(self, holds)
 
     def _drop_if_stale(self) -> None:
-        """After I/O on the renewals worker that may have made the watchdog's connection: close
-        it if it was dropped meanwhile (the thread exited idle, or the session was retired while
-        the connection was being opened), so that no connection outlives its watchdog."""
+        """The end of a renewals job's I/O on the watchdog's connection: close it if it was
+        dropped meanwhile (the thread exited idle, or the session was retired while the
+        connection was being opened or used), so that no connection outlives its watchdog."""
         with self.mutex:
+            self._renewal_io = False
             if self.closed or not self._renewal_open:
                 self._drop_renewer()
 
@@ -174,16 +189,18 @@ class Watchdog:
             self._deferred.append(task)
             self._ensure_locked()
 
-    def defer_at(self, when: float, task: Callable[[], object]) -> None:
-        """Run ``task`` in the watchdog thread at ``when`` (time.monotonic()), or soon after.
-        The thread is woken only when ``task`` is due before everything it already waits for."""
+    def defer_at(self, when: float, task: Callable[[], object], slack: float = 0.0) -> None:
+        """Run ``task`` in the watchdog thread at ``when`` (time.monotonic()), or soon after:
+        by ``when + slack`` at the latest. The thread is woken only when ``task`` is due before
+        everything it already waits for, and it would not wake by then anyway."""
         with self.mutex:
             self._timed_seq += 1
             first = not self._timed or when < self._timed[0][0]
             heapq.heappush(self._timed, (when, self._timed_seq, task))
             if first:
-                self._kick.set()
-                self._ensure_locked()
+                if when + slack < self._wake_at:
+                    self._kick.set()
+                self._ensure_locked(when + slack)
 
     def run_timed_now(self) -> None:
         """Run every task deferred (``defer``, not yet handed to the chores worker) or deferred
@@ -205,10 +222,10 @@ class Watchdog:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
-    def _ensure_locked(self) -> None:
-        """Start the thread, or wake it when it is sleeping out its idle time (which may be
-        longer than a new hold's lease)."""
-        if self._idle:
+    def _ensure_locked(self, due: float = -math.inf) -> None:
+        """Start the thread, or wake it when it is sleeping out its idle time and would not
+        wake by ``due`` (what it was asked to do is due then) by itself."""
+        if self._idle and due < self._wake_at:
             self._kick.set()
         if self._thread is None and not self.closed:
             self._thread = threading.Thread(
@@ -232,7 +249,7 @@ class Watchdog:
         for h in list(self.holds.values()):
             if h.lost or h.releasing:  # a release in flight ends it: ``_expire_due`` skips it too
                 continue
-            due = min(h.expires_at, h.cap_at, h.alarms[0][0]) if h.alarms else min(h.expires_at, h.cap_at)
+            due = h.due()
             if deadline is None or due < deadline:
                 deadline = due
             if h.watchdog and (renew_by is None or h.expires_at - every < renew_by):
@@ -312,7 +329,9 @@ class Watchdog:
                     wait = min(wait, timed[0][0] - now)
                 if deadline is not None:
                     wait = min(wait, deadline - now)
+                self._wake_at = now + max(0.0, wait)
                 by_socket = self._kick.wait(max(0.0, wait), self._watched())
+                self._wake_at = math.inf
                 self._kick.clear()
                 if self.closed:
                     return
@@ -359,6 +378,8 @@ class Watchdog:
     def _round(self) -> None:
         """One renewal round, on the ``renewals`` worker; its end wakes the watchdog thread."""
         result: Optional[float] = min(1.0, settings().renew_interval)
+        with self.mutex:
+            self._renewal_io = True
         try:
             result = self.renew_all()
         except BaseException:  # noqa: BLE001 - nothing may stop the renewals
@@ -367,8 +388,7 @@ class Watchdog:
             self._round_ended = (time.monotonic(), result)
             self._round_busy = False
             self._kick.set()
-            if self.closed:
-                self._drop_if_stale()
+            self._drop_if_stale()
 
     def _expire_due(self) -> None:
         """End belief in every hold whose local deadline or cap has passed (no I/O): ``on_lost``
@@ -451,8 +471,15 @@ class Watchdog:
             if now >= hold.expires_at:
                 self._on_lost(hold, cause if error is None else f"{cause} ({error!r})")
 
-    def _drop_renewer(self) -> None:
+    def _drop_renewer(self, under_io: bool = False) -> None:
+        """Close the watchdog's connection, unless a renewals job is using it (``under_io``:
+        close it all the same). That job closes it when it ends: closed under it by another
+        thread, a connection redis-py is opening goes on with a new socket and then waits its
+        whole timeout (the renewal interval) for a handshake reply sent on the old one, and
+        the renewals thread with it."""
         self._renewal_open = False
+        if self._renewal_io and not under_io:
+            return
         try:
             self._executor().drop_renewal()
         except Exception:  # noqa: BLE001 - the session is gone: so is its connection
@@ -466,4 +493,6 @@ class Watchdog:
             thread.join(timeout=3.0)
         self.renewals.close(join)
         self.chores.close(join)
-        self._drop_renewer()
+        # the renewals job still running after the join waits on I/O: closing its connection
+        # ends the wait
+        self._drop_renewer(under_io=True)

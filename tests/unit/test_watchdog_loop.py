@@ -4,6 +4,7 @@ flight. Counts over a bounded run are upper bounds: a slow machine only lowers t
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Iterator, List
 
@@ -80,3 +81,91 @@ def test_one_round_at_a_time_and_no_spin_while_it_runs(wd: Watchdog, slow: _Slow
     assert 1 <= rounds <= RUN / (ROUND + 0.5) + 1, rounds
     assert looks[0] <= RUN / 0.1 + 2 * rounds + 5, looks[0]
     assert not hold.lost
+
+
+def test_work_due_after_the_threads_wait_ends_does_not_wake_it(wd: Watchdog, monkeypatch: Any) -> None:
+    """A hold, or a task deferred to later, due no sooner than the thread's current wait ends
+    is left for that wait's end: no kick (a thread woken on the caller's path, for nothing).
+    Work due sooner kicks it, and a deferred task runs on time either way."""
+    kicks = [0]
+    real = wd._kick.set
+
+    def counted() -> None:
+        kicks[0] += 1
+        real()
+
+    monkeypatch.setattr(wd._kick, "set", counted)
+    ran: List[float] = []
+    wd.defer_at(time.monotonic(), lambda: ran.append(time.monotonic()))  # starts the thread
+    deadline = time.monotonic() + 10
+    while not (ran and wd._wake_at < float("inf")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran and wd._wake_at < float("inf"), "the thread never went back to its wait"
+    before = kicks[0]
+    # due 5 ms from now, but anything within 2 s will do: the wait (at most 0.1 s) ends first
+    asked = time.monotonic()
+    wd.defer_at(asked + 0.005, lambda: ran.append(time.monotonic()), slack=2.0)
+    hold = Hold(None, "k", "owner", token=1, count=1, watchdog=True, lease_ms=3000,
+                sent_at=time.monotonic(), renew=lambda batch, hold, ms: None)
+    wd.add(hold)  # its deadline, 3 s away, is not due before the wait ends
+    assert kicks[0] == before
+    while len(ran) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ran) == 2 and ran[1] >= asked + 0.005
+    # due at once, with no slack: the thread is woken for it
+    wd.defer_at(time.monotonic(), lambda: ran.append(time.monotonic()))
+    assert kicks[0] > before
+    while len(ran) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(ran) == 3
+
+
+class _Opening(_Slow):
+    """An executor whose watchdog connection takes a while to open, and which records when
+    it is dropped: redis-py's handshake, closed under it by another thread, goes on with a
+    new socket and waits its whole timeout for a reply sent on the old one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.opening = threading.Event()
+        self.dropped_while_opening = 0
+        self.dropped = 0
+
+    def open_renewal(self) -> bool:
+        self.opening.set()
+        try:
+            return self.go.wait(10)
+        finally:
+            self.opening.clear()
+
+    def drop_renewal(self) -> None:
+        self.dropped += 1
+        if self.opening.is_set():
+            self.dropped_while_opening += 1
+
+
+def test_the_watchdogs_connection_is_never_closed_while_it_is_being_opened() -> None:
+    """The thread exits idle (the one hold was released at once) while the renewals worker
+    is still opening the watchdog's connection: the worker closes it once it is open, the
+    thread does not close it under it."""
+    opening = _Opening()
+    wd = Watchdog(lambda: opening, "opening", lambda hold, cause: None)
+    try:
+        hold = Hold(None, "k", "owner", token=1, count=1, watchdog=True, lease_ms=3000,
+                    sent_at=time.monotonic(), renew=lambda batch, hold, ms: None)
+        wd.add(hold)
+        assert opening.opening.wait(10), "the worker never began to open the connection"
+        wd.drop(hold)
+        deadline = time.monotonic() + 10
+        while wd.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not wd.running, "the watchdog thread did not exit idle"
+        assert opening.dropped_while_opening == 0
+        opening.go.set()
+        wd.renewals.flush(10)
+        assert opening.dropped == 1 and opening.dropped_while_opening == 0
+        assert not wd._renewal_io
+    finally:
+        opening.go.set()
+        wd.close(join=True)
