@@ -153,7 +153,7 @@ def test_an_error_in_a_helper_names_the_helper_file(url: str, client: Any) -> No
     keys = ("distlock:{loc2}", "distlock:{loc2}:fence", "distlock:{loc2}:q")
     with pytest.raises(redis.exceptions.ResponseError) as info:
         session.run("lock_acquire", keys, ("me:1", 30000, "not-a-number", "h:1"))
-    line = _line_of("_prelude.lua", "redis.call('set', fence_key, fmt(token), 'px', ttl)")
+    line = _line_of("_prelude.lua", "redis.call('set', fence_key, fmt(token), 'px', ttl, 'get')")
     assert f"_prelude.lua:{line}" in str(info.value), str(info.value)
 
 

@@ -37,30 +37,32 @@ end
 -- next_token(fence_key): the next fencing token of a name, strictly greater than every
 -- token granted before, also after a restart of a server that kept nothing, and after a
 -- failover to a replica that had not seen the last grants.
--- The token is max(INCR of the counter, the server's clock in microseconds (TIME)): one INCR
--- and one TIME per grant. The counter alone is strictly increasing on one server. The floor
--- covers a counter that went back: a fresh one (the name's first grant, or a server that lost
--- its data) would start at 1, and a promoted replica's may lag the old master's by the grants
--- it did not receive. Every earlier token is at most the clock reading of its own grant (or
--- one more than an earlier token, on a server whose clock went back or within a microsecond),
--- so the new token is larger as long as this server's clock is ahead of the clock that
--- granted the earlier ones: grants (script runs, one at a time) take well over a microsecond
--- each, and hosts' clocks differ by less than a failover takes (see docs/safety.rst).
+-- The token is max(the last token + 1, the server's clock in microseconds (TIME)): one TIME and
+-- one SET ... GET per grant, which writes the clock and returns the last token (a second SET
+-- in the rare case that the last token is not below the clock). The counter alone would be
+-- strictly increasing on one server. The floor covers a counter that went back: a fresh one
+-- (the name's first grant, or a server that lost its data) would start at 1, and a promoted
+-- replica's may lag the old master's by the grants it did not receive. Every earlier token is
+-- at most the clock reading of its own grant (or one more than an earlier token, on a server
+-- whose clock went back or within a microsecond), so the new token is larger as long as this
+-- server's clock is ahead of the clock that granted the earlier ones: grants (script runs, one
+-- at a time) take well over a microsecond each, and hosts' clocks differ by less than a
+-- failover takes (see docs/safety.rst).
 -- Tokens stay below 2^53, exact in Lua's doubles; the clock is stored with fmt (above).
 -- The token doubles as the grant time that distlock top shows: it is this server's clock at
 -- the grant (µs) but for the rare cases above, so a hold's age is the server's TIME minus the
 -- token (a read hold's token is in its member: its age costs no field at all).
 -- The counter lives `ttl` ms from this grant: the grant's lease plus the fence retention, so
 -- that it outlives the hold by the retention (renewals extend it alike) and then goes.
+-- (Each redis.call costs a script about as much as a small command: an INCR, then TIME, then
+-- SET or PEXPIRE would be one call more per grant.)
 local function next_token(fence_key, ttl)
-  local token = redis.call('incr', fence_key)
   local now = redis.call('time')
-  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if token < floor then
-    token = floor
+  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('set', fence_key, fmt(token), 'px', ttl, 'get') or 0)
+  if last >= token then
+    token = last + 1
     redis.call('set', fence_key, fmt(token), 'px', ttl)
-  else
-    redis.call('pexpire', fence_key, ttl)
   end
   return token
 end
