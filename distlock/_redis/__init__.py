@@ -51,9 +51,10 @@ def topology(client: Any) -> str:
     return SINGLE
 
 
-def executor_for(client: Any, real: Any = None) -> Executor:
+def executor_for(client: Any, real: Any = None, own_pool: bool = False) -> Executor:
     """The blocking executor for ``client`` (perhaps a weak proxy of the user's client
-    ``real``): the Cluster executor, the Redlock executor, or the standalone one."""
+    ``real``): the Cluster executor, the Redlock executor, or the standalone one (``own_pool``:
+    the session made ``client``'s pool itself)."""
     kind = topology(client if real is None else real)
     if kind == CLUSTER:
         from .executor_cluster import ClusterExecutor
@@ -62,7 +63,7 @@ def executor_for(client: Any, real: Any = None) -> Executor:
         from .executor_quorum import QuorumExecutor
         return QuorumExecutor(client, real)
     from .executor import Executor
-    return Executor(client, real)
+    return Executor(client, real, own_pool)
 
 
 def async_port_class(client: Any) -> type[AsyncPort]:

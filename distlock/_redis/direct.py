@@ -4,12 +4,17 @@ docs/design.rst, principle 13), bounded where the connection has no socket timeo
 (principle 14). Also the helpers the executors and the asyncio ports share for redis-py's
 pools: ``taker`` (how this redis-py version lends a connection), ``packer`` (RESP for the
 argument types the scripts pass), and the watchdog's look at its idle connections
-(``closed_idle``, ``idle_sockets``)."""
+(``closed_idle``, ``idle_sockets``).
+
+The connections a script used are kept out of redis-py's pool between scripts (``HotLender``),
+as the asyncio port keeps its own: the pool's take and give (a lock, a readiness poll, its
+observability hooks) cost as much as the server's work on a small script."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import os
 import select
 import socket
 from typing import Any, Callable, List, Tuple
@@ -79,8 +84,86 @@ def disconnect_quietly(client: Any) -> None:
         pass
 
 
-def sender(client: Any, via: Any) -> Callable[..., Any]:
-    """A function that sends one command and returns its reply, never retrying.
+#: How many used connections a ``HotLender`` keeps out of its pool (the executor's run slots).
+HOT_KEPT = 4
+
+
+class HotLender:
+    """redis-py's pool, lending as it does, but the connections given back are kept out of it
+    (at most ``HOT_KEPT``), for the next command: the pool's take and give are skipped. A
+    kept connection is looked at before it is lent again, as the pool looks at its own: one
+    the server closed (a restart, an idle timeout) is connected afresh, before anything is
+    sent on it; in a forked child the parent's are left alone. ``close`` gives them all back.
+
+    Only for a pool of redis-py's own class that the session made itself (``lender``): a kept
+    connection counts as in use there, and in a user's pool would count against its limit."""
+
+    __slots__ = ("_pool", "_take", "_give", "_kept", "_pid", "closed")
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._take = taker(pool)
+        self._give = pool.release
+        self._kept: List[Any] = []
+        self._pid = os.getpid()
+        self.closed = False
+
+    def get_connection(self) -> Any:
+        kept = self._kept
+        try:
+            conn = kept.pop()  # atomic under the GIL: threads share the list
+        except IndexError:
+            return self._take()
+        if self._pid != os.getpid():  # a forked child: those are the parent's sockets
+            self._pid, self._kept = os.getpid(), []
+            return self._take()
+        sock = conn._sock
+        try:
+            dead = sock is None or readable_now(sock)
+        except (OSError, ValueError):  # closed under it by another thread
+            dead = True
+        if dead:
+            try:
+                conn.disconnect()  # closed by the server while kept, or disconnected: afresh
+                conn.connect()
+            except BaseException:
+                self._give(conn)
+                raise
+        return conn
+
+    def release(self, conn: Any) -> None:
+        # not one that is closed, nor one whose socket is not its own (a caching proxy's)
+        if self.closed or getattr(conn, "_sock", None) is None or len(self._kept) >= HOT_KEPT:
+            self._give(conn)
+        else:
+            self._kept.append(conn)
+
+    def get_encoder(self) -> Any:
+        return self._pool.get_encoder()
+
+    def close(self) -> None:
+        """Give every kept connection back to the pool (the session is retired)."""
+        self.closed = True
+        kept, self._kept = self._kept, []
+        if self._pid == os.getpid():
+            for conn in kept:
+                self._give(conn)
+
+
+def lender(client: Any, own_pool: bool) -> Any:
+    """Where the direct path takes its connections for ``client``: with ``own_pool`` (the
+    session made the client's pool itself), a ``HotLender`` over a pool of redis-py's own
+    class; else the pool itself (a user's, a Sentinel's, a blocking one), the client's single
+    connection lent out as a pool lends one, or None (no network: fakeredis)."""
+    found = _lender(client)
+    if own_pool and type(found) is redis.ConnectionPool:
+        return HotLender(found)
+    return found
+
+
+def sender(lent: Any, via: Any) -> Callable[..., Any]:
+    """A function that sends one command and returns its reply, never retrying. ``lent`` is
+    what ``lender`` gave for the client (``pair_sender`` shares it).
 
     For a client on a redis-py connection pool (or a single connection), whatever its class:
     it takes a connection (the client's single one under its lock, or one from its pool),
@@ -90,15 +173,14 @@ def sender(client: Any, via: Any) -> Callable[..., Any]:
     while idle (a server restart) is still replaced when it is taken from the pool, as redis-py
     does. Anything else (fakeredis): ``via.execute_command``, looked up on every call.
 
-    Keeps no reference to ``client`` itself: ``via`` may be a weak proxy of it, so that a
+    Keeps no reference to the client itself: ``via`` may be a weak proxy of it, so that a
     session does not keep its user's client alive.
     """
-    lender = _lender(client)
-    if lender is None:
+    if lent is None:
         def through(*args: Any) -> Any:
             return via.execute_command(*args)
         return through
-    return _pooled(lender)
+    return _pooled(lent)
 
 
 def _lender(client: Any) -> Any:
@@ -238,13 +320,12 @@ def _pooled(pool: Any) -> Callable[..., Any]:
     return execute
 
 
-def pair_sender(client: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
+def pair_sender(lent: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, ...]], Any]:
     """``sender``'s twin for a command with a second one behind it (a script and its WAIT):
     both packed in one write on one connection, never retried; returns both replies, or
     raises the first one's error once the second reply is read too. fakeredis (no network):
     a pipeline of the two through ``via``."""
-    lender = _lender(client)
-    if lender is None:
+    if lent is None:
         def through(command: Tuple[Any, ...], then: Tuple[Any, ...]) -> Any:
             pipe = via.pipeline(transaction=False)
             pipe.execute_command(*command)
@@ -254,7 +335,7 @@ def pair_sender(client: Any, via: Any) -> Callable[[Tuple[Any, ...], Tuple[Any, 
                 raise first
             return first, second
         return through
-    return _pooled_pair(lender)
+    return _pooled_pair(lent)
 
 
 def read_pair(conn: Any) -> Tuple[Any, Any]:

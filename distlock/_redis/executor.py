@@ -48,7 +48,17 @@ from redis.commands.core import Script
 
 from .._core.settings import settings
 from .clients import DEFAULT_IO_TIMEOUT, renewer
-from .direct import closed_idle, disconnect_quietly, idle_sockets, pair_sender, sender, taker, unbounded
+from .direct import (
+    HotLender,
+    closed_idle,
+    disconnect_quietly,
+    idle_sockets,
+    lender,
+    pair_sender,
+    sender,
+    taker,
+    unbounded,
+)
 from .failpoints import FailPoints
 from .scripts import locate, script_names, script_source
 
@@ -69,17 +79,22 @@ class Executor:
     #: a release may hand a default lock to a waiter of its own process (``lock_release``)
     hands_off = True
 
-    def __init__(self, client: Any, real: Any = None) -> None:
+    def __init__(self, client: Any, real: Any = None, own_pool: bool = False) -> None:
         """``client``: what to talk through (perhaps a weak proxy of the user's client);
-        ``real``: the client itself, when ``client`` is a proxy of it."""
+        ``real``: the client itself, when ``client`` is a proxy of it; ``own_pool``: the
+        session made ``client``'s pool itself (see ``direct.lender``)."""
         self.client = client
         # Script objects bound to ``client`` itself: ``client.register_script`` would bind them
         # to the object behind a weak proxy, and keep the user's client alive for ever.
         self.scripts = {name: Script(client, script_source(name)) for name in script_names()}
-        self._execute = sender(client if real is None else real, client)
-        self._execute_pair = pair_sender(client if real is None else real, client)
+        #: where the direct path takes its connections (``direct.lender``): used ones are kept
+        #: out of redis-py's pool between scripts, and given back on ``close``
+        actual = client if real is None else real
+        self._lent = lender(actual, own_pool)
+        self._execute = sender(self._lent, client)
+        self._execute_pair = pair_sender(self._lent, client)
         #: its connections would wait for ever for a reply (``socket_timeout=None``)
-        self._unbounded = unbounded(client if real is None else real)
+        self._unbounded = unbounded(actual)
         #: Free run slots (see ``run``): a list used as a GIL-atomic token pool, with a
         #: condition only for the rare caller that finds it empty.
         self._gate: List[None] = [None] * SCRIPT_CONCURRENCY
@@ -287,7 +302,9 @@ class Executor:
 
     def close(self) -> None:
         """The session is retired: close what the executor opened itself (the bounded twin
-        of ``batch``, if it made one)."""
+        of ``batch``, if it made one), and give back the connections kept out of the pool."""
+        if isinstance(self._lent, HotLender):
+            self._lent.close()
         made, self._bounded = self._bounded, None
         if made is not None and made is not self.client:
             disconnect_quietly(made)

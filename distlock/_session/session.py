@@ -92,7 +92,7 @@ class Session:
         self.exiting = False
         #: ids of the user clients alive that resolve to this session (see ``session_for``)
         self.users: Set[int] = set()
-        self.executor = executor_for(client, None if user is None else user())
+        self.executor = executor_for(client, None if user is None else user(), owns == "pool")
         #: Tries by queued waiters go through these slots, so that a crowd of waiters woken at
         #: once (subscription confirmed, pub/sub reconnected) cannot grow the connection pool
         #: to one connection per thread. First tries (the uncontended path) do not pay for it.
@@ -143,9 +143,10 @@ class Session:
         that the caller's result does not depend on."""
         self.watchdog.defer(task)
 
-    def defer_at(self, when: float, task: Callable[[], object]) -> None:
-        """Run ``task`` in the watchdog thread at ``when`` (time.monotonic()), or soon after."""
-        self.watchdog.defer_at(when, task)
+    def defer_at(self, when: float, task: Callable[[], object], slack: float = 0.0) -> None:
+        """Run ``task`` in the watchdog thread at ``when`` (time.monotonic()), or soon after
+        (by ``when + slack``: ``Watchdog.defer_at``)."""
+        self.watchdog.defer_at(when, task, slack)
 
     def renew_all(self) -> Optional[float]:
         return self.watchdog.renew_all()
