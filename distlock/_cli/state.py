@@ -133,6 +133,9 @@ def _field_line(key: str, value: str) -> str:
     if key in FIELD_WORDS:
         label, meaning = FIELD_WORDS[key]
         return f"  {label}: {meaning}"
+    if key.startswith(":h"):  # a waiting process' hand-off record (lock_acquire)
+        session = key.rpartition(":")[2]  # of its wake-up channel, ...:wake:<session id>
+        return f"  hand-off record: a yield may hand the lock to a waiter of session {session}"
     if key.startswith(":"):
         return f"  field {key!r} (not known to this version of distlock) = {value}"
     return f"  {key}: {value}"

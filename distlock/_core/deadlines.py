@@ -93,3 +93,43 @@ def entry_ms(wait_cap: float, queue_cap_factor: float) -> int:
     beat and a slow round trip. A waiter that died stops counting that long after its last look.
     """
     return lease_ms(2.0 * wait_cap * queue_cap_factor + 1.0)
+
+
+class Tries:
+    """The numbered tries of one wait, and when each refused one was sent (monotonic).
+
+    A release that hands a lock to a waiting process reads what that process' latest refused
+    try left in Redis (a hand-off record, or a queue entry), so it runs after that try; its
+    message names the try (``number``), and the handed hold is believed from that try's send
+    time (docs/safety.rst, "Belief keeps time"). The wait's *latest* refused try would not do:
+    a message held up past the handed lease can arrive after a later try that was refused
+    because the hold had run out and another took it. Only the latest ``KEEP`` are kept: a
+    message naming an older try is believed from nothing (``sent`` gives None), and confirmed.
+    """
+
+    KEEP = 16
+
+    def __init__(self) -> None:
+        self.number = 0
+        self._refused: dict[int, float] = {}
+
+    def next(self) -> int:
+        """Number the try about to be sent."""
+        self.number += 1
+        return self.number
+
+    def refused(self, sent_at: float) -> None:
+        """The latest numbered try, sent at ``sent_at``, was refused."""
+        self._refused[self.number] = sent_at
+        self._refused.pop(self.number - self.KEEP, None)
+
+    def sent(self, number: Optional[int]) -> Optional[float]:
+        """When refused try ``number`` was sent; None when it is not one this wait keeps."""
+        return None if number is None else self._refused.get(number)
+
+    def believed_from(self, number: Optional[int], lease_ms: float) -> float:
+        """When a hold handed after try ``number``, with a lease of ``lease_ms``, is believed
+        from: that try's send time; for a try this wait does not keep, a time that leaves it
+        believed for nothing (its taker confirms it first)."""
+        sent_at = self.sent(number)
+        return time.monotonic() - lease_ms / 1000.0 if sent_at is None else sent_at

@@ -118,17 +118,28 @@ HANDOFF = "+"
 
 def handoff(data: Any) -> Optional[Tuple[str, str]]:
     """A hand-off message's (nonce, payload), payload ``"<token> <lease ms>"``; None for any
-    other hint."""
+    other hint. A nonce ``<nonce>/<try>`` (a default lock's record names the try that wrote
+    it: ``_primitives.lock_wait``) gives ``<nonce>``, the try's number ending the payload."""
     if isinstance(data, str) and data.startswith(HANDOFF):
         nonce, _, payload = data[1:].partition(" ")
-        return nonce, payload
+        nonce, slash, number = nonce.partition("/")
+        return nonce, f"{payload} {number}" if slash else payload
     return None
 
 
-def handoff_grant(payload: str) -> Tuple[int, int]:
-    """The token and lease (ms) a hand-off message's payload carries."""
-    token, _, lease = payload.partition(" ")
-    return int(token), int(lease)
+def handoff_grant(payload: str) -> Tuple[int, int, Optional[int]]:
+    """The token and lease (ms) a fair hand-off message's payload carries, and the number of
+    the try whose queue entry it read (None if the entry named none)."""
+    token, lease, *number = payload.split(" ")
+    return int(token), int(lease), int(number[0]) if number else None
+
+
+def yielded_grant(payload: str) -> Tuple[int, int, int, Optional[int]]:
+    """The token, lease (ms), turns (how many processes take turns, as a ``y<n>`` hint says)
+    and the number of the try whose record it read (None if the record named none) of a
+    default lock's direct hand-off to another process (``free_hold``)."""
+    token, lease, turns, *number = payload.split(" ")
+    return int(token), int(lease), max(1, int(turns)), int(number[0]) if number else None
 
 
 def wake_idents(data: Any) -> Optional[Set[str]]:

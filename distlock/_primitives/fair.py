@@ -19,10 +19,11 @@ import functools
 import logging
 import os
 import time
-from typing import Any, Protocol, Tuple
+from typing import Any, Optional, Protocol, Tuple
 
 import redis
 
+from .._core.deadlines import Tries
 from .._core.flow import Flow, Run
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import RENEWED, Granted, Outcome, renewal
@@ -65,7 +66,7 @@ def entry_lease_ms(wait_cap: float) -> int:
 
 
 __all__ = ["FairWaiting", "fair_try", "fair_leave", "fair_release", "first_try", "end_whole_fair",
-           "confirm_handed"]
+           "confirm_handed", "settle_handed"]
 
 
 
@@ -86,13 +87,17 @@ log = logging.getLogger("distlock")
 
 
 def fair_try(lock: FairLock, session: Session, owner: str, ms: int, count: int, nonce: str,
-             mode: str) -> Flow[int]:
+             mode: str, number: Optional[int] = None) -> Flow[int]:
     """One ``fair_acquire`` try: its raw reply (a token > 0 when the caller holds the lock).
-    ``mode``: 'w' queue (or stay queued), 'n' leave the queue when refused. A reply that was
-    lost is followed by ``fair_leave``, which gives back whatever the try may have granted."""
+    ``mode``: 'w' queue (or stay queued), 'n' leave the queue when refused; ``number``: the
+    try's in its wait, which a hand-off after it names. A reply that was lost is followed by
+    ``fair_leave``, which gives back whatever the try may have granted."""
     s = settings()
-    args = (owner, ms, s.fence_retention_ms, session.info + lock._holder, nonce, count,
-            lock._keys.waiter_channel(session.id), entry_lease_ms(s.wait_cap), mode)
+    args: Tuple[Any, ...] = (owner, ms, s.fence_retention_ms, session.info + lock._holder, nonce,
+                             count, lock._keys.waiter_channel(session.id),
+                             entry_lease_ms(s.wait_cap), mode)
+    if number is not None:
+        args += (number,)
     try:
         return int((yield Run("fair_acquire", lock._fair_keys.acquire, args)))
     except redis.ResponseError:
@@ -139,23 +144,25 @@ class FairWaiting(Waiting):
         self._session = session
         self._grant_args = (owner, ms, count, watchdog)
         self._waiter: Any = None
-        #: when the latest refused try was sent (monotonic): a hand-off came after it; and the
-        #: queue entry's lease that try asked for (a hand-off's lease ends no sooner than it)
-        self._refused_at = time.monotonic()
+        #: this wait's tries, and when the refused ones were sent: a hand-off came after the
+        #: one it names; and the queue entry's lease the tries ask for (a hand-off's lease
+        #: ends no sooner than it)
+        self._tries = Tries()
         self._entry_ms = entry_lease_ms(settings().wait_cap)
 
     def attempt(self, mode: str, waiter: Any) -> Flow[Outcome]:
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         self._waiter = waiter
+        number = self._tries.next()
         sent_at = time.monotonic()
         reply = yield from fair_try(lock, session, owner, ms, count, self.nonce,
-                                    "n" if mode == LAST else "w")
+                                    "n" if mode == LAST else "w", number)
         outcome = decode_acquire(reply)
         if type(outcome) is Granted:
             lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
         else:
-            self._refused_at = sent_at
+            self._tries.refused(sent_at)
             self._entry_ms = entry_lease_ms(settings().wait_cap)
         return outcome
 
@@ -171,15 +178,18 @@ class FairWaiting(Waiting):
 
     def _take_handed(self) -> Tuple[Hold, bool]:
         """Record the handed hold. Its lease in Redis is the handed one: the request's lease,
-        or the queue entry's time left if shorter; so it ends no sooner than the latest
-        refused try's send time plus the shorter of the two leases it asked for, which is the
-        hold's local deadline (docs/safety.rst, "Belief keeps time"). Return the hold and
-        whether that deadline leaves it comfortably believed."""
+        or the queue entry's time left if shorter; so it ends no sooner than the send time of
+        the try that last pushed the entry on, which the message names, plus the shorter of
+        the two leases it asked for: the hold's local deadline (docs/safety.rst, "Belief keeps
+        time"). A message that names no try this wait keeps (a release of an older version
+        names none) is believed from nothing, and confirmed. Return the hold and whether its
+        deadline leaves it comfortably believed."""
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
-        token, lease = handoff_grant(self._waiter.payload)
+        token, lease, number = handoff_grant(self._waiter.payload)
         span = min(ms, self._entry_ms)
-        hold = lock._grant(session, owner, token, count, watchdog, span, self._refused_at)
+        hold = lock._grant(session, owner, token, count, watchdog, span,
+                           self._tries.believed_from(number, span))
         hold.lease_ms = lease
         return hold, hold.valid_for() * 1000.0 > span / 2
 
@@ -194,19 +204,28 @@ class FairWaiting(Waiting):
         the hold reported lost (``on_lost`` has run, ``owned()`` is False, ``release()`` raises
         LockLostError)."""
         lock, session = self._lock, self._session
-        owner, ms, count, watchdog = self._grant_args
         hold, comfortable = self._take_handed()
-        lease = hold.lease_ms
-        if comfortable:
-            if lease < ms:
-                # a moment later: that round trip then does not compete with the caller's
-                # return (the handed lease is seconds long, or a quarter of it is waited)
-                now = time.monotonic()
-                session.defer_at(now + min(LENGTHEN_AFTER, lease / 4000), functools.partial(
-                    _lengthen, lock, session, hold, ms, now))
-            return True
-        yield from confirm_handed(lock, session, hold, ms)
+        yield from settle_handed(lock, session, hold, self._grant_args[1], comfortable)
         return True
+
+
+def settle_handed(lock: FairLock, session: Session, hold: Hold, ms: int, comfortable: bool) -> Flow[None]:
+    """A hold handed over with a short lease (``hold.lease_ms``, by a fair release or by a
+    default lock's yield to another process) that its owner asked ``ms`` of: when its local
+    deadline is ``comfortable``, lengthen it a moment later on the watchdog thread, off the
+    caller's path; else confirm it first (``confirm_handed``)."""
+    if comfortable:
+        if hold.lease_ms < ms:
+            # a moment later: that round trip then does not compete with the caller's
+            # return (the handed lease is seconds long, or a quarter of it is waited). Nor
+            # does the watchdog thread's wake-up: within a quarter of what is left is soon
+            # enough, and it wakes by then by itself unless that is under its TICK
+            now = time.monotonic()
+            slack = min(hold.lease_ms / 4000, (hold.expires_at - now) / 4)
+            session.defer_at(now + min(LENGTHEN_AFTER, hold.lease_ms / 4000), functools.partial(
+                _lengthen, lock, session, hold, ms, now), max(0.0, slack))
+        return
+    yield from confirm_handed(lock, session, hold, ms)
 
 
 def confirm_handed(lock: FairLock, session: Session, hold: Hold, ms: int) -> Flow[None]:

@@ -40,8 +40,7 @@ log = logging.getLogger("distlock")
 
 _UNSET: Any = object()
 
-#: a fair lock's grants are made by other processes' releases too (the hand-off), which have
-#: no caller to wait for replicas: the two options do not combine (yet)
+#: a fair lock's grants are made by other processes' releases too, with no caller to wait for replicas
 FAIR_REPLICAS = "min_replicas does not apply to a fair lock: use one or the other"
 
 T = TypeVar("T")
@@ -201,6 +200,8 @@ class _LockBase(SessionUser, Aging, Bindable):
         if waiter is not None:
             others = "1" if len(waiter.channel.waiters) > 1 else "0"
             args += (mode, count, waiter.channel.name, registry_lease_ms(settings().wait_cap), others)
+            if mode != "" and getattr(waiter, "taker", None) is not None:  # see lock_wait
+                args += (waiter.taker.record,)  # its hand-off record (lock_acquire, ARGV[10])
         elif mode or count != 1:
             args += (mode,) if count == 1 else (mode, count)
         fresh = mode in ("", "w", "p")
@@ -262,7 +263,7 @@ class _LockBase(SessionUser, Aging, Bindable):
         elif count != 1 or taker is not None:
             args += (count, "")
         if taker is None:
-            left = int((yield Run("lock_release", (keys.lock, keys.queue), args)))
+            left = int((yield Run("lock_release", (keys.lock, keys.queue, keys.fence), args)))
         else:
             args += taker.taker.handoff_args(len(taker.channel.waiters) > 1)
             sent_at = time.monotonic()

@@ -13,17 +13,19 @@ from typing import Any, Optional, Protocol, Tuple
 
 import redis
 
+from .._core.deadlines import Tries
 from .._core.errors import QuorumError
 from .._core.flow import Flow, Run, drive
 from .._core.keys import Keys
 from .._core.outcomes import Busy, Granted, Outcome
 from .._core.outcomes import lock_acquire as decode_acquire
+from .._core.replies import yielded_grant
 from .._core.settings import settings
 from .._core.shares import YIELD, quantum
 from .._core.wait_policy import HINTED, LAST, WAIT
 from .._session.session import Hold, Session, Waiter
 from .engine import Waiting
-from .fair import FairLock, FairWaiting, confirm_handed
+from .fair import FairLock, FairWaiting, confirm_handed, new_nonce, settle_handed
 
 __all__ = ["WaitingLock", "QUORUM_RETRY_MS"]
 
@@ -78,6 +80,15 @@ class _LockWaiting(Waiting):
         #: way its client was given), whose grants wait for no replica
         self._takes = lock._shares and lock._acks() is None and session.executor.hands_off
         self.info = session.info + lock._holder
+        #: this wait's tries, and when the refused ones were sent: a release of another
+        #: process that yields hands the lock to this wait (``free_hold``) after the try whose
+        #: record it read, which its message names
+        self._tries = Tries()
+        if self._takes:
+            # names this wait in its process' hand-off record and in the message that hands
+            # it the lock (lock_acquire's ARGV[10]); a message for an earlier wait wakes nobody
+            self.ident = new_nonce(session.id)
+            self.record = self.ident
 
     def handoff_args(self, others: bool) -> Tuple[Any, ...]:
         """``lock_release``'s ARGV[5...] that hand the lock to this wait (``others``: other
@@ -92,8 +103,11 @@ class _LockWaiting(Waiting):
         lock, session = self._lock, self._session
         owner, ms, count, watchdog = self._grant_args
         self._waiter = waiter
-        if self._takes and waiter.taker is None:
-            waiter.taker = self
+        if self._takes:
+            if waiter.taker is None:
+                waiter.taker = self
+            # the record a refused try leaves names the try (``_call_acquire``)
+            self.record = f"{self.ident}/{self._tries.next()}"
         sent_at = time.monotonic()
         try:
             reply = yield from lock._call_acquire(session, owner, ms, count, self._modes[mode], waiter)
@@ -112,15 +126,18 @@ class _LockWaiting(Waiting):
             self.ident = waiter.ident = fair.ident
             if self._takes:
                 waiter.taker = None  # a fair wait is handed the lock in its queue's order only
+                waiter.payload, waiter.named = None, False  # a hand-off to the plain wait: gone
             self.strict = self.named_grants = True
             return (yield from fair.attempt(mode, waiter))
         outcome = decode_acquire(reply)
-        if type(outcome) is Granted:
-            self.took = outcome.token  # before it leaves its queue: see ``lock_base._hand``
-            lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
-            limit = settings().barge_limit
-            if lock._shares and limit < math.inf:  # a quantum starts (_shares)
-                session.runs.start(lock._keys.lock, sent_at, quantum(limit, waiter.channel.turns))
+        if type(outcome) is not Granted:
+            self._tries.refused(sent_at)
+            return outcome
+        self.took = outcome.token  # before it leaves its queue: see ``lock_base._hand``
+        lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
+        limit = settings().barge_limit
+        if lock._shares and limit < math.inf:  # a quantum starts (_shares)
+            session.runs.start(lock._keys.lock, sent_at, quantum(limit, waiter.channel.turns))
         return outcome
 
     def abandon(self) -> Flow[None]:
@@ -131,13 +148,37 @@ class _LockWaiting(Waiting):
         return self._fair.named() if self._fair is not None else True
 
     def handed(self, waiter: Any) -> bool:
-        return self._takes and self._fair is None and waiter.handed is not None
+        return self._takes and self._fair is None and (
+            waiter.handed is not None or waiter.payload is not None)
 
     def claim(self) -> Flow[Any]:
         if self._fair is not None:
             return (yield from self._fair.claim())
-        if self._takes and self._waiter is not None and self._waiter.handed is not None:
-            return (yield from self._take_handed(self._waiter))
+        waiter = self._waiter
+        if self._takes and waiter is not None:
+            if waiter.handed is not None:
+                return (yield from self._take_handed(waiter))
+            if waiter.payload is not None:
+                return (yield from self._take_yielded(waiter))
+        return True
+
+    def _take_yielded(self, waiter: Any) -> Flow[Any]:
+        """A release of another process that yielded handed the lock to this wait (``free_hold``,
+        the direct hand-off): record the hold with the short lease the message carries,
+        believed from the send time of the try whose record the release read (it ran after
+        that try), and lengthen it, or first confirm it when that leaves too little
+        (``fair.settle_handed``). A try this wait no longer keeps: believed from nothing, and
+        confirmed. A quantum starts, as after a grant."""
+        lock, session = self._lock, self._session
+        owner, ms, count, watchdog = self._grant_args
+        token, lease, turns, number = yielded_grant(waiter.payload)
+        hold = lock._grant(session, owner, token, count, watchdog, lease,
+                           self._tries.believed_from(number, lease))
+        limit = settings().barge_limit
+        if limit < math.inf:
+            waiter.channel.turns = turns
+            session.runs.start(lock._keys.lock, time.monotonic(), quantum(limit, turns))
+        yield from settle_handed(lock, session, hold, ms, hold.valid_for() * 1000.0 > lease / 2)
         return True
 
     def _take_handed(self, waiter: Any) -> Flow[Any]:
@@ -155,7 +196,10 @@ class _LockWaiting(Waiting):
 
     def give_back(self, waiter: Any) -> Flow[None]:
         """The wait ended with an error as a release handed it the lock: give that back."""
-        yield from self.give_back_token(waiter.handed[0])
+        if waiter.handed is not None:
+            yield from self.give_back_token(waiter.handed[0])
+        else:
+            yield from self.give_back_token(yielded_grant(waiter.payload)[0])
 
     def give_back_token(self, token: int) -> Flow[None]:
         """Give back the hold with ``token`` that a release handed this wait, yielding it to

@@ -143,8 +143,8 @@ class Board:
                 chan.waiters.remove(waiter)
             except ValueError:
                 pass
-            if was_head and not acquired:
-                _wake(chan, 1)
+            if not acquired and (was_head or waiter.taker is not None):
+                _wake(chan, 1)  # (a taker: the next try replaces its hand-off record)
             elif was_head and chan.waiters:
                 # Promote the new head without a try: it goes back to sleep with the head's
                 # short bound instead of the long one it fell asleep with (see sleep()).
@@ -156,7 +156,7 @@ class Board:
 
     def pick(self, channel_name: str) -> Optional[Waiter]:
         """The first waiter on ``channel_name`` a release may hand its lock to (it has a
-        ``taker``, and nothing handed yet), or None. No mutex on a release's usual path."""
+        ``taker``, nothing handed by any process yet), or None. No mutex on the usual path."""
         chan = self.channels.get(channel_name)
         if chan is None or not chan.waiters:
             return None
@@ -164,7 +164,7 @@ class Board:
             chan = self.channels.get(channel_name)
             if chan is not None:
                 for waiter in chan.waiters:
-                    if waiter.taker is not None and waiter.handed is None:
+                    if waiter.taker is not None and not (waiter.handed or waiter.payload):
                         return waiter
         return None
 

@@ -537,7 +537,8 @@ def test_status_and_list_json(url: str, client: redis.Redis[Any]) -> None:
 def test_status_list_run_and_release_know_every_kind(url: str, client: redis.Redis[Any]) -> None:
     """``status`` and ``list`` show a held semaphore, a set event and a broken barrier, as
     ``top`` does, with their kind and in words; ``run`` on a name of another kind says so (exit
-    65), and ``release --force`` breaks locks only. A lock's waiting flag reads as words."""
+    65), and ``release --force`` breaks locks only. A lock's waiting flag, and its waiting
+    process' hand-off record, read as words."""
     sem = distlock.DistSemaphore("kinds:sem", 2, client=client)
     event = distlock.DistEvent("kinds:event", client=client)
     barrier = distlock.DistBarrier("kinds:barrier", 3, client=client)
@@ -558,6 +559,7 @@ def test_status_list_run_and_release_know_every_kind(url: str, client: redis.Red
         assert "kinds:event: in use, DistEvent" in out and "state: set" in out
         assert "kinds:barrier: in use, DistBarrier" in out and "state: broken" in out
         assert "waiting: a process is registered as waiting" in out and ":w" not in out
+        assert "hand-off record: a yield may hand the lock to a waiter of session" in out
         listed = cli("list", "kinds:*", "--url", url).stdout
         for name in ("kinds:sem", "kinds:event", "kinds:barrier", "kinds:lock"):
             assert f"{name}: " in listed

@@ -3,12 +3,14 @@ dispatcher's bookkeeping (``_redis.pubsub.Board``) routes a hand-off to exactly 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
+from distlock._core.deadlines import Tries
 from distlock._core.keys import FairKeys, Keys
-from distlock._core.replies import handoff, handoff_grant
+from distlock._core.replies import handoff, handoff_grant, yielded_grant
 from distlock._primitives.fair import check_fair, entry_lease_ms, new_nonce
 from distlock._redis.pubsub import Board
 
@@ -39,7 +41,13 @@ def test_nonces_are_fresh_and_name_their_session() -> None:
 
 def test_hand_off_messages() -> None:
     assert handoff("+s1:ab 1795 4000") == ("s1:ab", "1795 4000")
-    assert handoff_grant("1795 4000") == (1795, 4000)
+    assert handoff_grant("1795 4000") == (1795, 4000, None)
+    # a message that names the try whose entry (or record) it read: '<nonce>/<try>'
+    assert handoff("+s1:ab/7 1795 4000") == ("s1:ab", "1795 4000 7")
+    assert handoff_grant("1795 4000 7") == (1795, 4000, 7)
+    assert handoff("+s1:ab/3 1795 4000 2") == ("s1:ab", "1795 4000 2 3")
+    assert yielded_grant("1795 4000 2 3") == (1795, 4000, 2, 3)
+    assert yielded_grant("1795 4000 0") == (1795, 4000, 1, None)
     for other in ("1", "*", "=a,b", None, 3):
         assert handoff(other) is None
 
@@ -97,3 +105,23 @@ def test_fair_locks_are_no_redlock_quorum() -> None:
     for acls in (adistlock.DistLock, adistlock.DistRLock):
         with pytest.raises(TypeError, match="^fair does not apply to a Redlock quorum"):
             acls("x", client=amasters, fair=True)
+
+
+def test_tries_remember_when_the_refused_ones_were_sent() -> None:
+    tries = Tries()
+    assert tries.sent(None) is None and tries.sent(1) is None
+    assert tries.next() == 1
+    tries.refused(10.0)
+    assert tries.next() == 2  # granted: not kept
+    assert tries.sent(1) == 10.0 and tries.sent(2) is None
+    for n in range(3, 3 + Tries.KEEP):
+        assert tries.next() == n
+        tries.refused(float(n))
+    assert tries.sent(1) is None  # older than the latest KEEP: believed from nothing
+    assert tries.sent(2 + Tries.KEEP) == float(2 + Tries.KEEP)
+    assert tries.sent(3) == 3.0
+    assert tries.believed_from(3, 2000) == 3.0
+    before = time.monotonic()
+    for number in (1, None):  # not kept, or not named: believed for nothing
+        assert tries.believed_from(number, 2000) + 2.0 <= time.monotonic()
+        assert tries.believed_from(number, 2000) + 2.0 >= before

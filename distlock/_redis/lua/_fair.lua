@@ -6,7 +6,10 @@
 --   fd  sorted set: nonce -> the entry's deadline (server ms), pushed on by every try of the
 --       waiter; an entry past it is dead (its process died or stopped trying) and is dropped;
 --   fe  hash: nonce -> '<count>|<lease ms>|<owner>|<host:pid>|<process channel>': what a
---       hand-off needs to write the hold for the waiter and tell its process.
+--       hand-off needs to write the hold for the waiter and tell its process; and, for a
+--       waiter that numbers its tries, '#' .. nonce -> the number of the try that last pushed
+--       the entry's deadline on, which its hand-off message names (the waiter believes the
+--       hold from that try's send time).
 -- Every key lives at least as long as the latest deadline in it.
 
 --@ helper fair_now
@@ -21,14 +24,15 @@ end
 -- fair_drop(fq, fd, fe, nonce): take one entry out of the queue; 1 if it was there.
 local function fair_drop(fq, fd, fe, nonce)
   redis.call('zrem', fd, nonce)
-  redis.call('hdel', fe, nonce)
+  redis.call('hdel', fe, nonce, '#' .. nonce)
   return redis.call('zrem', fq, nonce)
 end
 
 --@ helper fair_hand_off uses next_token fmt
 -- fair_hand_off(hash, fence, fq, fd, fe, q, now, retention, me, my_lease): the lock is free
 -- (no hash): make the first live entry the owner, with a fresh fencing token, and tell only its
--- process ('+<nonce> <token> <lease ms>' on its channel). Dead entries are dropped on the way.
+-- process ('+<nonce> <token> <lease ms>' on its channel; '+<nonce>/<try> ...' when the entry
+-- numbers the try that last pushed it on). Dead entries are dropped on the way.
 -- The hold's lease is the entry's own time left (at most its lease): a hold handed to a waiter
 -- that died is stranded no longer than its entry would have lived; the waiter's process
 -- lengthens it within 5 ms. The caller itself (`me`, a try of the head) gets `my_lease` in
@@ -38,7 +42,7 @@ local function fair_hand_off(hash, fence, fq, fd, fe, q, now, retention, me, my_
   local dead = redis.call('zrangebyscore', fd, '-inf', now, 'limit', 0, 200)
   for _, nonce in ipairs(dead) do
     redis.call('zrem', fq, nonce)
-    redis.call('hdel', fe, nonce)
+    redis.call('hdel', fe, nonce, '#' .. nonce)
   end
   if #dead > 0 then
     redis.call('zremrangebyscore', fd, '-inf', now)
@@ -50,10 +54,10 @@ local function fair_hand_off(hash, fence, fq, fd, fe, q, now, retention, me, my_
       return -1
     end
     local deadline = redis.call('zscore', fd, head)
-    local entry = redis.call('hget', fe, head)
+    local entry, try = unpack(redis.call('hmget', fe, head, '#' .. head))
     redis.call('zrem', fq, head)
     redis.call('zrem', fd, head)
-    redis.call('hdel', fe, head)
+    redis.call('hdel', fe, head, '#' .. head)
     if deadline and entry and tonumber(deadline) > now then
       local count, lease, owner, info, channel =
         string.match(entry, '^(%d+)|(%d+)|([^|]*)|([^|]*)|(.*)$')
@@ -70,7 +74,8 @@ local function fair_hand_off(hash, fence, fq, fd, fe, q, now, retention, me, my_
       if head == me then
         return token
       end
-      redis.call('publish', channel, '+' .. head .. ' ' .. fmt(token) .. ' ' .. fmt(ttl))
+      local named = try and (head .. '/' .. try) or head
+      redis.call('publish', channel, '+' .. named .. ' ' .. fmt(token) .. ' ' .. fmt(ttl))
       return 0
     end
   end

@@ -226,33 +226,57 @@ local function rw_held(writer, readers)
   return nil
 end
 
---@ helper free_hold uses pop_process wake_one
--- free_hold(hash, queue, waited, how): a plain hold of an exclusive lock ends (its last
+--@ helper free_hold uses pop_process wake_one next_token register_waiter fmt
+-- free_hold(hash, queue, waited, how, fence): a plain hold of an exclusive lock ends (its last
 -- release, a condition's wait, an undone try): free it, and when it was waited on (`waited`,
--- its ':w'), wake the longest-registered waiting process. `how` (distlock/_shares.py): 'k',
+-- its ':w'), wake the longest-registered waiting process. `how` (distlock/_core/shares.py): 'k',
 -- the releasing process is in its quantum: wake nobody (it takes the lock again, or nudges
--- the next waiter soon: lock_nudge); 'y', it yields: that process also gets the lock, kept
--- for it for a moment: the hash is left with only ':r' (its wake-up channel) and ':w', for
--- 250 ms. Any of its waiters takes it (lock_acquire); every other try is refused meanwhile,
--- as if it were held. A process that no longer waits gives it up at once (lock_unwait); one
--- that died, within the 250 ms. The read/write lock's waiters registered ahead are hinted, and
--- the lock is not kept for them (pop_process). Its hint, 'y<n>', tells it how many processes take turns
+-- the next waiter soon: lock_nudge); 'y', it yields: that process also gets the lock.
+-- When that process left a hand-off record in the hash (':h' .. its channel, written by its
+-- waiter's refused try: lock_acquire) and `fence` is given, the lock is handed straight to
+-- that waiter: a hold with a new token, the record's owner and its short lease, and a
+-- '+<ident> <token> <lease> <turns>' message that names the waiter (the direct hand-off:
+-- it returns without a try of its own). Otherwise the lock is kept for that process for a
+-- moment: the hash is left with only ':r' (its wake-up channel) and ':w', for 250 ms. Any of
+-- its waiters takes it (lock_acquire); every other try is refused meanwhile, as if it were
+-- held. A process that no longer waits gives it up at once (lock_unwait); one that died,
+-- within the 250 ms. The read/write lock's waiters registered ahead are hinted, and the lock is
+-- not kept for them (pop_process). Its hint, 'y<n>', tells it how many processes take turns
 -- (those still registered, itself and the one yielding): its quantum is barge_limit / n.
-local function free_hold(hash, queue, waited, how)
+local function free_hold(hash, queue, waited, how, fence)
+  local yields = waited and how == 'y'
+  local first = yields and pop_process(queue)
+  local record = first and fence and redis.call('hget', hash, ':h' .. first)  -- before the del
   redis.call('del', hash)
   if not waited or how == 'k' then
     return
   end
-  if how ~= 'y' then
+  if not yields then
     wake_one(queue)
     return
   end
-  local first = pop_process(queue)
-  if first then
-    redis.call('hset', hash, ':r', first, ':w', 1)
-    redis.call('pexpire', hash, 250)
-    redis.call('publish', first, 'y' .. tostring(redis.call('zcard', queue) + 2))
+  if not first then
+    return
   end
+  local turns = tostring(redis.call('zcard', queue) + 2)
+  if record then
+    -- ident owner lease fence-ttl count others registry-lease info (lock_acquire)
+    local ident, owner, lease, fttl, count, others, reg, info =
+      string.match(record, '^(%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (%S+) (.*)$')
+    if ident then
+      local token = fmt(next_token(fence, fttl))
+      redis.call('hset', hash, owner, count, ':t', token, ':i', info, ':l', lease, ':w', 1)
+      redis.call('pexpire', hash, lease)
+      if others == '1' then
+        register_waiter(queue, first, tonumber(reg))
+      end
+      redis.call('publish', first, '+' .. ident .. ' ' .. token .. ' ' .. lease .. ' ' .. turns)
+      return
+    end
+  end
+  redis.call('hset', hash, ':r', first, ':w', 1)
+  redis.call('pexpire', hash, 250)
+  redis.call('publish', first, 'y' .. turns)
 end
 
 --@ helper wrong_kind

@@ -21,6 +21,8 @@
 -- ARGV[8]  queue entry lease, ms
 -- ARGV[9]  'w': when refused, queue (arrival kept if already queued) and push the entry's
 --          deadline on; 'n': when refused, leave the queue (a first try; the try at the deadline)
+-- ARGV[10] optional: this try's number in its wait; a 'w' try that is refused keeps it with the
+--          entry ('#' .. nonce in fe), and a hand-off names it ('+<nonce>/<number> ...')
 -- return   token (> 0) when the caller holds it: granted now, or handed to this wait before
 --          (its lease is then made the caller's full lease); -(pttl + 1) when refused (pttl:
 --          the holder's remaining lease, ms).
@@ -79,6 +81,9 @@ if ARGV[9] == 'w' then
   redis.call('zadd', KEYS[4], fmt(deadline), ARGV[5])
   redis.call('hset', KEYS[5], ARGV[5],
              ARGV[6] .. '|' .. ARGV[2] .. '|' .. ARGV[1] .. '|' .. ARGV[4] .. '|' .. ARGV[7])
+  if ARGV[10] then
+    redis.call('hset', KEYS[5], '#' .. ARGV[5], ARGV[10])
+  end
   for i = 3, 5 do  -- each lives at least as long as the latest deadline in it
     if redis.call('pttl', KEYS[i]) < lease then
       redis.call('pexpire', KEYS[i], lease)

@@ -26,6 +26,11 @@
 -- ARGV[7]  modes 'w'/'p' only: the waiter's process channel, to register when the try fails
 -- ARGV[8]  modes 'w'/'p' only: registry entry lease, ms
 -- ARGV[9]  modes 'w'/'p' only: '1' when other threads of the process still wait after a grant
+-- ARGV[10] modes 'w'/'p' only, optional: the waiter's ident. A refused try then leaves the
+--          process' hand-off record in the hash, ':h' .. ARGV[7] -> '<ident> <owner> <lease>
+--          <fence TTL> <count> <others> <registry lease> <holder info>', the lease the shorter
+--          of ARGV[2] and ARGV[8]: a release that yields to the process hands the lock to that
+--          waiter (free_hold). The record ends with the hold it was left in.
 -- return   token (> 0) when granted or re-entered; in modes 'w'/'p' also when the hold is the
 --          caller's already (handed to it by a release of its process whose reply was lost:
 --          lock_release, ARGV[5]), its lease then lengthened to ARGV[2];
@@ -102,6 +107,19 @@ if present > 0 then
           else
             redis.call('hset', KEYS[1], ':w', 1, ':s', since)
           end
+        end
+        if ARGV[10] then
+          -- the hand-off record: a release that yields to this process hands the lock
+          -- straight to this waiter (free_hold), for the shorter of its lease and its
+          -- process' registry entry. A 'p' try writes it too: the waiter woken when another
+          -- of its process left (pubsub.Board.leave) puts its own in place of the leaver's.
+          local span = ARGV[2]
+          if tonumber(ARGV[8]) < tonumber(span) then
+            span = ARGV[8]
+          end
+          redis.call('hset', KEYS[1], ':h' .. ARGV[7], ARGV[10] .. ' ' .. ARGV[1] .. ' ' .. span
+                     .. ' ' .. ARGV[3] .. ' ' .. count .. ' ' .. ARGV[9] .. ' ' .. ARGV[8]
+                     .. ' ' .. ARGV[4])
         end
         return held_reply(KEYS[1], pttl)
       end

@@ -1,10 +1,13 @@
 -- Release some or all of an exclusive owner-counted hold. The last release frees the lock and,
 -- when the hold was flagged as waited on (':w'), wakes the longest-registered waiting process
--- (free_hold), for which the lock is kept a moment when the caller yields (ARGV[4]); or it
--- hands the lock to a waiter of the caller's own process (ARGV[5], below).
+-- (free_hold), to whose waiter the lock is handed, or for which it is kept a moment, when the
+-- caller yields (ARGV[4]); or it hands the lock to a waiter of the caller's own process
+-- (ARGV[5], below).
 -- KEYS[1]  lock hash
 -- KEYS[2]  registry of waiting processes (see lock_acquire)
--- KEYS[3], KEYS[4]  with ARGV[5] only: the fence, and the fair queue's deadlines (_fair.lua)
+-- KEYS[3]  optional: the fence. Given, a yield (ARGV[4] 'y') hands the lock straight to a
+--          waiter of the next process that left a hand-off record (free_hold)
+-- KEYS[4]  with ARGV[5] only: the fair queue's deadlines (_fair.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  token of the hold the caller believes it has
 -- ARGV[3]  count to release; absent means 1; '0' releases all of it (_release_save())
@@ -78,5 +81,5 @@ if ARGV[5] then
     return -1 - token
   end
 end
-free_hold(KEYS[1], KEYS[2], fields[3], ARGV[4])
+free_hold(KEYS[1], KEYS[2], fields[3], ARGV[4], KEYS[3])
 return 0

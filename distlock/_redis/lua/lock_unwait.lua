@@ -10,6 +10,7 @@
 --@ uses wake_one
 local gone = redis.call('zrem', KEYS[1], ARGV[1])
 if KEYS[2] then
+  redis.call('hdel', KEYS[2], ':h' .. ARGV[1])  -- its hand-off record (lock_acquire), if any
   local h = redis.call('hmget', KEYS[2], ':t', ':r')
   if not h[1] and h[2] == ARGV[1] then
     redis.call('del', KEYS[2])
