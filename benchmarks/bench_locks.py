@@ -197,10 +197,21 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
         note = (f"ratio IQR {C.percentile(vs_floor[label], 25):.2f}-"
                 f"{C.percentile(vs_floor[label], 75):.2f}")
         if label in ("DistLock", "DistRLock"):
-            note += "; target <= 1.15x floor: " + ("met" if ratio <= 1.15 else "MISSED")
+            note += "; target <= 1.10x floor: " + ("met" if ratio <= 1.10 else "MISSED")
         rows.append(C.Row("uncontended acquire+release", label, C.median(values), "µs/op", ratio,
                           C.median(vs_redis[label]) if vs_redis else None, note,
                           {"per_round_us": values, "per_round_vs_floor": vs_floor[label]}))
+    # The server's share: the scripts' own time, which the 2 x ``return 1`` floor hardly has
+    server = {label: C.script_server_us(client, ops[label], k.ops) for label in ("floor", "DistLock")
+              if label in ops}
+    if "DistLock" in server:
+        extra = server["DistLock"] - server["floor"]
+        floor_us = C.median(per_round["floor"])
+        rows.append(C.Row("server time in scripts", "DistLock", server["DistLock"], "µs/op",
+                          server["DistLock"] / max(server["floor"], 1e-9),
+                          note=f"INFO commandstats, acquire+release; the floor's 2 scripts "
+                               f"{server['floor']:.1f} µs: the lock's scripts alone put it at "
+                               f">= {(floor_us + extra) / floor_us:.2f}x floor"))
     for label, values in cpu.items():
         ratio = C.median(cpu_vs_floor[label])
         rows.append(C.Row("client CPU per acquire+release", label, C.median(values), "µs/op", ratio,
@@ -227,14 +238,21 @@ def handoff(ctx: Ctx) -> List[C.Row]:
         if res["failures"]:
             note += f", {res['failures']} acquire timeouts"
         data = {"latencies_ms": lat_ms, **{kk: v for kk, v in res.items() if kk != "latencies"}}
-        rows.append(C.Row("handoff median", impl.label, med, "ms", note=note
-                          + ("; target <= 0.5 ms: " + ("met" if med <= 0.5 else "MISSED")
-                             if impl.key == "distlock" else ""), data=data))
+        rows.append(C.Row("handoff median", impl.label, med, "ms", note=note, data=data))
         rows.append(C.Row("handoff p99", impl.label, p99, "ms", note=note))
     rows += handoff_local(ctx)
     C.add_hint_floor(rows, ctx.client, ctx.url, {"handoff median": 50, "handoff p99": 99,
                                                  LOCAL_MEDIAN: 50, LOCAL_P99: 99},
                      samples=k.handoff_samples, max_seconds=k.handoff_max_s)
+    # issue 28's targets, as ratios to this run's floor (never an absolute time): a default
+    # lock's waiter in another process within 1.10 x the hop, a fair one's within 1.0 x, and
+    # a waiting thread of the releasing process within 1.0 x
+    targets = {("handoff median", "DistLock"): 1.10, ("handoff median", "DistLock fair"): 1.0,
+               (LOCAL_MEDIAN, "DistLock"): 1.0}
+    for r in rows:
+        target = targets.get((r.figure, r.impl))
+        if target is not None and r.vs_floor is not None:
+            r.note += f"; target <= {target:.2f}x floor: " + ("met" if r.vs_floor <= target else "MISSED")
     order = ["handoff median", "handoff p99", LOCAL_MEDIAN, LOCAL_P99]
     rows.sort(key=lambda r: order.index(r.figure))  # medians first, then p99s (stable)
     for figure in order:
