@@ -7,8 +7,9 @@ argument types the scripts pass), and the watchdog's look at its idle connection
 (``closed_idle``, ``idle_sockets``).
 
 The connections a script used are kept out of redis-py's pool between scripts (``HotLender``),
-as the asyncio port keeps its own: the pool's take and give (a lock, a readiness poll, its
-observability hooks) cost as much as the server's work on a small script."""
+as the asyncio port keeps its own, and go back after an idle second: the pool's take and give
+(a lock, a readiness poll, its observability hooks) cost as much as the server's work on a
+small script."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import inspect
 import os
 import select
 import socket
+import time
 from typing import Any, Callable, List, Tuple
 
 import redis
@@ -86,27 +88,46 @@ def disconnect_quietly(client: Any) -> None:
 
 #: How many used connections a ``HotLender`` keeps out of its pool (the executor's run slots).
 HOT_KEPT = 4
+#: ... and at most one in this many of the pool's ``max_connections`` (a user's limit).
+HOT_SHARE = 25
+#: How long a kept connection stays out of the pool unused (seconds), as the asyncio port's.
+HOT_IDLE = 1.0
 
 
 class HotLender:
     """redis-py's pool, lending as it does, but the connections given back are kept out of it
-    (at most ``HOT_KEPT``), for the next command: the pool's take and give are skipped. A
-    kept connection is looked at before it is lent again, as the pool looks at its own: one
-    the server closed (a restart, an idle timeout) is connected afresh, before anything is
-    sent on it; in a forked child the parent's are left alone. ``close`` gives them all back.
+    (at most ``limit``), for the next command: the pool's take and give are skipped. A kept
+    connection is looked at before it is lent again, as the pool looks at its own: one the
+    server closed (a restart, an idle timeout) is connected afresh, before anything is sent on
+    it; in a forked child the parent's are left alone. They go back to the pool once unused for
+    ``HOT_IDLE`` seconds, or when the session's watchdog thread goes idle, whichever comes
+    first (``cool``; ``cool_with`` says who calls it), and all of them on ``close``.
 
-    Only for a pool of redis-py's own class that the session made itself (``lender``): a kept
-    connection counts as in use there, and in a user's pool would count against its limit."""
+    Only for a pool of redis-py's own class (``lender``): a kept connection counts as in use
+    there, so the limit is a small share of the pool's, and the give-back hands them to the
+    process' own commands while distlock is not using them."""
 
-    __slots__ = ("_pool", "_take", "_give", "_kept", "_pid", "closed")
+    __slots__ = ("_pool", "_take", "_give", "_kept", "_pid", "closed", "limit", "used_at",
+                 "_wake", "_cooling")
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, limit: int = HOT_KEPT) -> None:
         self._pool = pool
         self._take = taker(pool)
         self._give = pool.release
         self._kept: List[Any] = []
         self._pid = os.getpid()
         self.closed = False
+        self.limit = limit
+        #: when a connection was last kept (time.monotonic())
+        self.used_at = 0.0
+        self._wake: Any = None
+        #: connections are kept and ``_wake`` was called: a ``cool`` is to come
+        self._cooling = False
+
+    def cool_with(self, wake: Callable[[], object]) -> None:
+        """``wake()`` makes sure that ``cool`` is called from now on (the session's watchdog
+        thread: each time it looks, and as it exits); without it, nothing is kept."""
+        self._wake = wake
 
     def get_connection(self) -> Any:
         kept = self._kept
@@ -133,10 +154,38 @@ class HotLender:
 
     def release(self, conn: Any) -> None:
         # not one that is closed, nor one whose socket is not its own (a caching proxy's)
-        if self.closed or getattr(conn, "_sock", None) is None or len(self._kept) >= HOT_KEPT:
+        if (self.closed or self._wake is None or getattr(conn, "_sock", None) is None
+                or len(self._kept) >= self.limit):
             self._give(conn)
-        else:
-            self._kept.append(conn)
+            return
+        self.used_at = time.monotonic()
+        self._kept.append(conn)
+        if self.closed:  # closed meanwhile: its give-back may have missed this one
+            self._drain()
+        elif not self._cooling:
+            self._cooling = True  # two threads may both wake it: harmless
+            self._wake()
+
+    def cool(self, force: bool = False) -> None:
+        """Give the kept connections back when unused for ``HOT_IDLE`` seconds, or at once
+        (``force``: the watchdog thread exits). No I/O."""
+        if self._kept and not force and time.monotonic() - self.used_at < HOT_IDLE:
+            return
+        # False before the drain: a connection kept after it wakes the watchdog afresh
+        self._cooling = False
+        self._drain()
+
+    def _drain(self) -> None:
+        """Give back every kept connection, one pop at a time: another thread may keep or take
+        one meanwhile (a swap of the list could lose the one it kept)."""
+        kept = self._kept
+        while True:
+            try:
+                conn = kept.pop()
+            except IndexError:
+                return
+            if self._pid == os.getpid():
+                self._give(conn)
 
     def get_encoder(self) -> Any:
         return self._pool.get_encoder()
@@ -144,20 +193,19 @@ class HotLender:
     def close(self) -> None:
         """Give every kept connection back to the pool (the session is retired)."""
         self.closed = True
-        kept, self._kept = self._kept, []
-        if self._pid == os.getpid():
-            for conn in kept:
-                self._give(conn)
+        self._drain()
 
 
 def lender(client: Any, own_pool: bool) -> Any:
-    """Where the direct path takes its connections for ``client``: with ``own_pool`` (the
-    session made the client's pool itself), a ``HotLender`` over a pool of redis-py's own
-    class; else the pool itself (a user's, a Sentinel's, a blocking one), the client's single
-    connection lent out as a pool lends one, or None (no network: fakeredis)."""
+    """Where the direct path takes its connections for ``client``: a ``HotLender`` over a pool
+    of redis-py's own class, the session's own (``own_pool``) or a user's with room for one
+    kept connection (``HOT_SHARE``); else the pool itself (a Sentinel's, a blocking one), the
+    client's single connection lent out as a pool lends one, or None (no network: fakeredis)."""
     found = _lender(client)
-    if own_pool and type(found) is redis.ConnectionPool:
-        return HotLender(found)
+    if type(found) is redis.ConnectionPool:
+        limit = HOT_KEPT if own_pool else min(HOT_KEPT, found.max_connections // HOT_SHARE)
+        if limit > 0:
+            return HotLender(found, limit)
     return found
 
 

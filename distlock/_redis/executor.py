@@ -300,6 +300,19 @@ class Executor:
         as ended (seconds): 0 here; a Redlock quorum's clock drift (``_redis.executor_quorum``)."""
         return 0.0
 
+    def cool_with(self, wake: Callable[[], object]) -> None:
+        """Keep the direct path's used connections out of the pool (``HotLender``), ``wake()``
+        making sure that ``cool`` is called from then on."""
+        lent = getattr(self, "_lent", None)
+        if isinstance(lent, HotLender):
+            lent.cool_with(wake)
+
+    def cool(self, force: bool = False) -> None:
+        """Give the kept connections that went unused back to the pool (``force``: all)."""
+        lent = getattr(self, "_lent", None)
+        if isinstance(lent, HotLender):
+            lent.cool(force)
+
     def close(self) -> None:
         """The session is retired: close what the executor opened itself (the bounded twin
         of ``batch``, if it made one), and give back the connections kept out of the pool."""

@@ -112,6 +112,8 @@ class Session:
 
         tag = self.id[:8]
         self.watchdog = Watchdog(source, tag, lost)
+        # the connections the direct path keeps out of the pool go back as the watchdog looks
+        self.executor.cool_with(self.watchdog.ensure_running)
         #: a ``Dispatcher`` (or, on a cluster, a ``ClusterDispatcher``: the same methods)
         self.dispatcher: Dispatcher = self.executor.dispatcher(source, tag)
         #: the registry of holds, keyed by (key, owner); shared with the watchdog

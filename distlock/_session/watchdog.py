@@ -22,7 +22,9 @@ on the watchdog's idle connection (``_session.wakeup``), and every belief check 
 (``look_for_reset``): no hold is believed once its server's FIN has arrived.
 
 The thread starts with the first hold (or deferred task) and exits after ``IDLE_EXIT`` seconds
-with neither; it starts again on demand.
+with neither; it starts again on demand. As it looks, and as it exits, the executor gives back
+the connections it kept out of the pool (``_redis.direct.HotLender``): those unused for a
+second, and all of them when the thread exits.
 """
 
 from __future__ import annotations
@@ -232,6 +234,21 @@ class Watchdog:
                 target=self._loop, name=f"distlock-watchdog-{self._tag}", daemon=True)
             self._thread.start()
 
+    def ensure_running(self) -> None:
+        """Start the thread if it is not running (it then looks at the executor's kept
+        connections: ``_cool``)."""
+        if self._thread is None:
+            with self.mutex:
+                self._ensure_locked()
+
+    def _cool(self, force: bool) -> None:
+        """The executor gives back the connections it kept out of the pool, unused for a while
+        (``force``: all, the thread exits). Never raises: nothing may stop the watchdog."""
+        try:
+            self._executor().cool(force)
+        except Exception:  # noqa: BLE001 - a retired session: its close gave them back
+            pass
+
     def _idle_locked(self) -> bool:
         # a snapshot: ``abandon`` may drop a hold from any thread without the mutex
         return (not self._deferred and not self._abandoned and not self._timed
@@ -286,6 +303,8 @@ class Watchdog:
                 if self._thread is None:
                     self._drop_renewer()
                     self._kick.close()  # the next thread makes its own
+            if self._thread is None:
+                self._cool(True)  # no thread to look at them any more: give them all back
 
     def _run(self) -> None:
         last_round = time.monotonic()
@@ -337,6 +356,7 @@ class Watchdog:
                     return
                 self._expire_due()
                 self._hand_off_chores()
+                self._cool(False)
                 reset = bool(self.holds) and self._executor().renewal_reset(self._reset)
                 self._quiet_sockets = by_socket and not reset
                 if self._round_busy:

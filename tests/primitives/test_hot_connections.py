@@ -2,8 +2,13 @@
 scripts (``_redis.direct.HotLender``): the pool's take and give are skipped. What it must keep
 from the pool's own behaviour: a connection the server closed while it was kept is connected
 afresh before anything is sent on it; a forked child never talks on its parent's sockets;
-nothing is left out of the pool when the session is retired; and a pool with a limit of the
-user's is left as it is (a kept connection would count against it)."""
+nothing is left out of the pool when the session is retired, when its watchdog thread goes
+idle, or once unused for ``HOT_IDLE``; and a user's pool gives up a small share of its limit
+(a kept connection counts against it), or nothing.
+
+The tests that look at what is kept hold another lock meanwhile (the watchdog thread then does
+not go idle) and lengthen ``HOT_IDLE``: a loaded machine's pauses must not give it back
+under them."""
 
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ from typing import Any, Dict, Tuple
 
 import pytest
 import redis
+from _support import settle
 
 from distlock import DistLock
-from distlock._redis.direct import HotLender, lender
+from distlock._redis import direct
+from distlock._redis.direct import HOT_KEPT, HOT_SHARE, HotLender, lender
 from distlock._session.session import session_for
 
 
@@ -26,10 +33,19 @@ def _lent(client: Any) -> HotLender:
     return lent
 
 
+@pytest.fixture
+def long_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct, "HOT_IDLE", 3600.0)
+
+
 def _used_once(url: str, name: str) -> Tuple[Any, DistLock, HotLender]:
-    """A plain client (its session's pool is the session's own), a lock on it taken and
-    released once, and the session's lender, which kept the one connection used."""
+    """A plain client, a lock on it taken and released once while another (its anchor, left
+    held: the watchdog thread stays) is held, and the session's lender, which kept the one
+    connection used."""
     plain = redis.Redis.from_url(url)
+    anchor = DistLock(f"{name}:anchor", client=plain)
+    assert anchor.acquire()
+    _ANCHORS.append(anchor)
     lock = DistLock(name, client=plain)
     with lock:
         pass
@@ -38,8 +54,19 @@ def _used_once(url: str, name: str) -> Tuple[Any, DistLock, HotLender]:
     return plain, lock, lent
 
 
+_ANCHORS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _anchors_released(client: Any) -> Any:
+    yield  # (before the client's own teardown, which retires the sessions)
+    while _ANCHORS:
+        _ANCHORS.pop().release()
+
+
 @pytest.mark.real_redis
-def test_the_connection_a_script_used_is_lent_again_without_the_pool(url: str, client: Any) -> None:
+def test_the_connection_a_script_used_is_lent_again_without_the_pool(url: str, client: Any,
+        long_idle: None) -> None:
     _, lock, lent = _used_once(url, "hot:reuse")
     kept = list(lent._kept)
     pool = lent._pool
@@ -52,7 +79,8 @@ def test_the_connection_a_script_used_is_lent_again_without_the_pool(url: str, c
 
 
 @pytest.mark.real_redis
-def test_a_kept_connection_the_server_closed_is_connected_afresh_before_use(url: str, client: Any) -> None:
+def test_a_kept_connection_the_server_closed_is_connected_afresh_before_use(url: str, client: Any,
+        long_idle: None) -> None:
     _, lock, lent = _used_once(url, "hot:killed")
     (conn,) = lent._kept
     # the server closes it (as a restart, or its idle timeout, would)
@@ -65,8 +93,10 @@ def test_a_kept_connection_the_server_closed_is_connected_afresh_before_use(url:
 
 
 @pytest.mark.real_redis
-def test_retiring_the_session_gives_every_kept_connection_back(url: str, client: Any) -> None:
+def test_retiring_the_session_gives_every_kept_connection_back(url: str, client: Any,
+        long_idle: None) -> None:
     plain, _, lent = _used_once(url, "hot:retire")
+    _ANCHORS.pop().release()
     session_for(plain).close()
     assert lent.closed and not lent._kept
 
@@ -86,7 +116,8 @@ _PARENT: Dict[str, Any] = {}
 
 @pytest.mark.real_redis
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_never_talks_on_its_parents_kept_connection(url: str, client: Any) -> None:
+def test_a_forked_child_never_talks_on_its_parents_kept_connection(url: str, client: Any,
+        long_idle: None) -> None:
     plain, lock, lent = _used_once(url, "hot:fork")
     (conn,) = lent._kept
     _PARENT["client"] = plain
@@ -105,19 +136,50 @@ def test_a_forked_child_never_talks_on_its_parents_kept_connection(url: str, cli
         pass
 
 
-def test_only_a_pool_the_session_made_keeps_connections_out() -> None:
-    """A user's pool is lent as it is (a kept connection would count against its limit), and
-    so is a pool of another class than redis-py's own (a blocking one)."""
-    users = redis.Redis(host="127.0.0.1", port=1)
-    assert lender(users, own_pool=False) is users.connection_pool
-    assert isinstance(lender(users, own_pool=True), HotLender)
+def test_a_users_pool_lends_a_small_share_and_other_pools_none() -> None:
+    """A user's pool keeps at most one in ``HOT_SHARE`` of its limit out (a kept connection
+    counts against it): none below that; the session's own pool up to ``HOT_KEPT``; a pool of
+    another class than redis-py's own (a blocking one) is lent as it is."""
+    users = redis.Redis(host="127.0.0.1", port=1, max_connections=100)
+    lent = lender(users, own_pool=False)
+    assert isinstance(lent, HotLender) and lent.limit == min(HOT_KEPT, 100 // HOT_SHARE)
+    small = redis.Redis(host="127.0.0.1", port=1, max_connections=2 * HOT_SHARE)
+    assert lender(small, own_pool=False).limit == 2
+    tiny = redis.Redis(host="127.0.0.1", port=1, max_connections=HOT_SHARE - 1)
+    assert lender(tiny, own_pool=False) is tiny.connection_pool
+    assert lender(tiny, own_pool=True).limit == HOT_KEPT
     blocking = redis.BlockingConnectionPool(host="127.0.0.1", port=1)
     assert lender(redis.Redis(connection_pool=blocking), own_pool=True) is blocking
 
 
 @pytest.mark.real_redis
-def test_a_session_on_a_users_pool_keeps_nothing_out_of_it(url: str, client: Any) -> None:
-    adopted = redis.Redis.from_url(url, socket_timeout=5)  # a session adopts this pool
-    with DistLock("hot:adopted", client=adopted):
+def test_a_session_on_a_users_pool_gives_its_connection_back_when_idle(
+        url: str, client: Any, long_idle: None) -> None:
+    """The session adopts a user's pool (a client with a socket timeout): the connection its
+    scripts used stays out of that pool while scripts keep coming, and goes back to it, in use
+    by nobody, when the session's watchdog thread goes idle (long before ``HOT_IDLE``, made
+    an hour here)."""
+    adopted = redis.Redis.from_url(url, socket_timeout=5)
+    pool = adopted.connection_pool
+    lock = DistLock("hot:adopted", client=adopted)
+    with lock:
         pass
-    assert not isinstance(session_for(adopted).executor._lent, HotLender)
+    lent = session_for(adopted).executor._lent
+    assert isinstance(lent, HotLender) and lent._pool is pool
+    assert settle(lambda: not lent._kept and not pool._in_use_connections, 20.0), (
+        lent._kept, pool._in_use_connections)
+    assert len(pool._available_connections) >= 1
+    with lock:  # and is lent again as before
+        assert lock.locked()
+
+
+@pytest.mark.real_redis
+def test_a_kept_connection_goes_back_once_unused_for_hot_idle(
+        url: str, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the watchdog thread runs (a hold is held), a connection unused for ``HOT_IDLE``
+    (shortened here) goes back to the pool as it looks."""
+    monkeypatch.setattr(direct, "HOT_IDLE", 3600.0)
+    plain, _, lent = _used_once(url, "hot:cool")
+    monkeypatch.setattr(direct, "HOT_IDLE", 0.05)
+    assert settle(lambda: not lent._kept, 20.0), lent._kept
+    assert _ANCHORS[0].locked()  # the thread did not go idle: it looked, and gave it back
