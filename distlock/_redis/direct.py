@@ -19,7 +19,7 @@ import os
 import select
 import socket
 import time
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import redis
 
@@ -281,9 +281,20 @@ def taker(pool: Any) -> Callable[[], Any]:
     return functools.partial(pool.get_connection, "EVALSHA")
 
 
+#: How many packed arguments ``packer`` keeps (the names, keys, owners and SHAs a process
+#: sends again and again); past that it starts afresh. And the longest it keeps (bytes).
+PACK_CACHE = 1024
+PACK_CACHE_LONGEST = 256
+
+
 def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
-    """A function that packs one command for ``encoder``'s connections (blocking or asyncio)."""
+    """A function that packs one command for ``encoder``'s connections (blocking or asyncio).
+
+    A str argument's RESP is kept for the next command (up to ``PACK_CACHE`` of them): a lock's
+    script sends the same SHA, keys, owner and lease each time, and encoding them afresh cost
+    a few µs per script, as much as the rest of the call."""
     encoding, errors, encode = encoder.encoding, encoder.encoding_errors, encoder.encode
+    cache: Dict[str, bytes] = {}
 
     def pack(args: Tuple[Any, ...]) -> List[bytes]:
         # RESP, as redis-py's own packer writes it, for the argument types the scripts pass
@@ -293,8 +304,17 @@ def packer(encoder: Any) -> Callable[[Tuple[Any, ...]], List[bytes]]:
         for arg in args:
             kind = type(arg)
             if kind is str:
-                data = arg.encode(encoding, errors)
-            elif kind is int:
+                packed = cache.get(arg)
+                if packed is None:
+                    data = arg.encode(encoding, errors)
+                    packed = b"$%d\r\n%s\r\n" % (len(data), data)
+                    if len(data) <= PACK_CACHE_LONGEST:
+                        if len(cache) >= PACK_CACHE:
+                            cache.clear()  # (another thread's lookup meanwhile just misses)
+                        cache[arg] = packed
+                parts.append(packed)
+                continue
+            if kind is int:
                 data = b"%d" % arg
             elif kind is bytes:
                 data = arg
