@@ -73,9 +73,15 @@ else
 end
 local kept = false  -- the lock was kept for the caller's process (free_hold)
 if present > 0 then
-  local wrong = wrong_kind('L', 'SEB', 5)
-  if wrong then
-    return wrong
+  -- The rare keys, the other kinds' and the read/write lock's (KEYS[5...]): a contended try
+  -- seldom finds any, and then skips both looks at them (each redis.call costs a script about
+  -- as much as a small command).
+  local rare = KEYS[5] and redis.call('exists', unpack(KEYS, 5)) > 0
+  if rare then
+    local wrong = wrong_kind('L', 'SEB', 5)
+    if wrong then
+      return wrong
+    end
   end
   local pttl = redis.call('pttl', KEYS[1])
   if pttl ~= -2 then
@@ -129,7 +135,7 @@ if present > 0 then
       return held_reply(KEYS[1], pttl)
     end
   else
-    local busy = KEYS[12] and rw_held(KEYS[12], KEYS[13])
+    local busy = rare and KEYS[12] and rw_held(KEYS[12], KEYS[13])
     if busy then
       -- the read/write lock of this name is held: a name is one lock
       if mode == 'w' then
@@ -137,7 +143,8 @@ if present > 0 then
       end
       return held_reply(KEYS[1], busy)
     end
-    if KEYS[4] and redis.call('zcount', KEYS[4], now_ms(), '+inf') > 0 then
+    if KEYS[4] and redis.call('exists', KEYS[4]) == 1
+        and redis.call('zcount', KEYS[4], now_ms(), '+inf') > 0 then
       if mode == 'w' or mode == 'p' then
         return 0
       end
