@@ -92,6 +92,10 @@ HOT_KEPT = 4
 HOT_SHARE = 25
 #: How long a kept connection stays out of the pool unused (seconds), as the asyncio port's.
 HOT_IDLE = 1.0
+#: How long they stay out at most, used or not (seconds): then they pass through the pool's give
+#: and take, where redis-py re-authenticates (a streaming credential provider) and reconnects
+#: what it was told to.
+HOT_REFRESH = 10.0
 
 
 class HotLender:
@@ -101,14 +105,15 @@ class HotLender:
     server closed (a restart, an idle timeout) is connected afresh, before anything is sent on
     it; in a forked child the parent's are left alone. They go back to the pool once unused for
     ``HOT_IDLE`` seconds, or when the session's watchdog thread goes idle, whichever comes
-    first (``cool``; ``cool_with`` says who calls it), and all of them on ``close``.
+    first, and every ``HOT_REFRESH`` seconds anyway (``due``, ``cool``; ``cool_with`` says who
+    asks), and all of them on ``close``.
 
     Only for a pool of redis-py's own class (``lender``): a kept connection counts as in use
     there, so the limit is a small share of the pool's, and the give-back hands them to the
     process' own commands while distlock is not using them."""
 
     __slots__ = ("_pool", "_take", "_give", "_kept", "_pid", "closed", "limit", "used_at",
-                 "_wake", "_cooling")
+                 "_wake", "_cooling", "_since")
 
     def __init__(self, pool: Any, limit: int = HOT_KEPT) -> None:
         self._pool = pool
@@ -123,6 +128,8 @@ class HotLender:
         self._wake: Any = None
         #: connections are kept and ``_wake`` was called: a ``cool`` is to come
         self._cooling = False
+        #: when they were last all given back
+        self._since = time.monotonic()
 
     def cool_with(self, wake: Callable[[], object]) -> None:
         """``wake()`` makes sure that ``cool`` is called from now on (the session's watchdog
@@ -164,12 +171,29 @@ class HotLender:
             self._drain()
         elif not self._cooling:
             self._cooling = True  # two threads may both wake it: harmless
-            self._wake()
+            try:
+                self._wake()
+            except Exception:  # noqa: BLE001 - no thread (can't start one): keep nothing
+                self._cooling = False
+                self._drain()
+
+    def due(self, force: bool = False) -> bool:
+        """Whether ``cool`` would give any back: some are kept and were unused for
+        ``HOT_IDLE``, or have been out for ``HOT_REFRESH``, or ``force``. No I/O, no lock:
+        what the watchdog thread asks (it hands the give-back, which takes the pool's lock and
+        may re-authenticate, to another thread)."""
+        if not self._kept:
+            self._cooling = False
+            if not self._kept:  # a keep before the reset saw True and woke nobody: look again
+                return False
+        if force:
+            return True
+        now = time.monotonic()
+        return now - self.used_at >= HOT_IDLE or now - self._since >= HOT_REFRESH
 
     def cool(self, force: bool = False) -> None:
-        """Give the kept connections back when unused for ``HOT_IDLE`` seconds, or at once
-        (``force``: the watchdog thread exits). No I/O."""
-        if self._kept and not force and time.monotonic() - self.used_at < HOT_IDLE:
+        """Give the kept connections back if ``due``."""
+        if not self.due(force):
             return
         # False before the drain: a connection kept after it wakes the watchdog afresh
         self._cooling = False
@@ -179,6 +203,7 @@ class HotLender:
         """Give back every kept connection, one pop at a time: another thread may keep or take
         one meanwhile (a swap of the list could lose the one it kept)."""
         kept = self._kept
+        self._since = time.monotonic()
         while True:
             try:
                 conn = kept.pop()

@@ -307,6 +307,11 @@ class Executor:
         if isinstance(lent, HotLender):
             lent.cool_with(wake)
 
+    def cool_due(self, force: bool = False) -> bool:
+        """Whether ``cool`` has connections to give back (no I/O: the watchdog thread asks)."""
+        lent = getattr(self, "_lent", None)
+        return isinstance(lent, HotLender) and lent.due(force)
+
     def cool(self, force: bool = False) -> None:
         """Give the kept connections that went unused back to the pool (``force``: all)."""
         lent = getattr(self, "_lent", None)

@@ -24,7 +24,8 @@ on the watchdog's idle connection (``_session.wakeup``), and every belief check 
 The thread starts with the first hold (or deferred task) and exits after ``IDLE_EXIT`` seconds
 with neither; it starts again on demand. As it looks, and as it exits, the executor gives back
 the connections it kept out of the pool (``_redis.direct.HotLender``): those unused for a
-second, and all of them when the thread exits.
+second, and all of them when the thread exits (the ``chores`` worker gives them back: the pool's
+lock, and the re-authentication redis-py may do then, are no place for this thread).
 """
 
 from __future__ import annotations
@@ -242,10 +243,14 @@ class Watchdog:
                 self._ensure_locked()
 
     def _cool(self, force: bool) -> None:
-        """The executor gives back the connections it kept out of the pool, unused for a while
-        (``force``: all, the thread exits). Never raises: nothing may stop the watchdog."""
+        """When the executor has connections kept out of the pool to give back (unused for a
+        while; ``force``: all, the thread exits), the ``chores`` worker gives them back: that
+        takes the pool's lock, and redis-py may re-authenticate a connection it is given (I/O).
+        Never raises: nothing may stop the watchdog."""
         try:
-            self._executor().cool(force)
+            executor = self._executor()
+            if executor.cool_due(force):
+                self.chores.submit(functools.partial(executor.cool, force))
         except Exception:  # noqa: BLE001 - a retired session: its close gave them back
             pass
 

@@ -183,3 +183,50 @@ def test_a_kept_connection_goes_back_once_unused_for_hot_idle(
     monkeypatch.setattr(direct, "HOT_IDLE", 0.05)
     assert settle(lambda: not lent._kept, 20.0), lent._kept
     assert _ANCHORS[0].locked()  # the thread did not go idle: it looked, and gave it back
+
+
+@pytest.mark.real_redis
+def test_kept_connections_pass_through_the_pool_every_hot_refresh_under_steady_use(
+        url: str, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Used without a pause, they still go back to the pool every ``HOT_REFRESH`` (shortened
+    here), so that redis-py's give and take (re-authentication, a reconnect it was told to do)
+    see them."""
+    monkeypatch.setattr(direct, "HOT_IDLE", 3600.0)
+    _, lock, lent = _used_once(url, "hot:refresh")
+    since = lent._since
+    monkeypatch.setattr(direct, "HOT_REFRESH", 0.05)
+
+    def drained() -> bool:
+        with lock:  # steady use meanwhile
+            pass
+        return lent._since != since
+
+    assert settle(drained, 20.0)
+
+
+class _Pool:
+    """What a HotLender needs of a pool, counting what it was given back."""
+
+    def __init__(self) -> None:
+        self.given: list = []
+
+    def get_connection(self) -> Any:
+        return type("Conn", (), {"_sock": object()})()
+
+    def release(self, conn: Any) -> None:
+        self.given.append(conn)
+
+
+def test_a_wake_that_fails_keeps_nothing_and_raises_nothing() -> None:
+    """``release`` runs in the direct path's ``finally``: an error there would replace the
+    script's reply. A watchdog thread that cannot be started keeps nothing out of the pool."""
+    pool = _Pool()
+    lent = HotLender(pool)
+
+    def wake() -> None:
+        raise RuntimeError("can't start new thread")
+
+    lent.cool_with(wake)
+    conn = lent.get_connection()
+    lent.release(conn)
+    assert pool.given == [conn] and not lent._kept and not lent._cooling
