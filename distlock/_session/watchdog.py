@@ -236,17 +236,14 @@ class Watchdog:
             self._thread.start()
 
     def ensure_running(self) -> None:
-        """Start the thread if it is not running (it then looks at the executor's kept
-        connections: ``_cool``)."""
+        """Start the thread if it is not running (it looks at the kept connections: ``_cool``)."""
         if self._thread is None:
             with self.mutex:
                 self._ensure_locked()
 
     def _cool(self, force: bool) -> None:
-        """When the executor has connections kept out of the pool to give back (unused for a
-        while; ``force``: all, the thread exits), the ``chores`` worker gives them back: that
-        takes the pool's lock, and redis-py may re-authenticate a connection it is given (I/O).
-        Never raises: nothing may stop the watchdog."""
+        """The ``chores`` worker gives back the kept connections when due (``force``: all): the
+        pool's lock and redis-py's re-authentication (I/O) are not for this thread. Never raises."""
         try:
             executor = self._executor()
             if executor.cool_due(force):
