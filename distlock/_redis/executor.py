@@ -303,20 +303,17 @@ class Executor:
     def cool_with(self, wake: Callable[[], object]) -> None:
         """Keep the direct path's used connections out of the pool (``HotLender``), ``wake()``
         making sure that ``cool`` is called from then on."""
-        lent = getattr(self, "_lent", None)
-        if isinstance(lent, HotLender):
-            lent.cool_with(wake)
+        if isinstance(self._lent, HotLender):
+            self._lent.cool_with(wake)
 
     def cool_due(self, force: bool = False) -> bool:
         """Whether ``cool`` has connections to give back (no I/O: the watchdog thread asks)."""
-        lent = getattr(self, "_lent", None)
-        return isinstance(lent, HotLender) and lent.due(force)
+        return isinstance(self._lent, HotLender) and self._lent.due(force)
 
     def cool(self, force: bool = False) -> None:
         """Give the kept connections that went unused back to the pool (``force``: all)."""
-        lent = getattr(self, "_lent", None)
-        if isinstance(lent, HotLender):
-            lent.cool(force)
+        if isinstance(self._lent, HotLender):
+            self._lent.cool(force)
 
     def close(self) -> None:
         """The session is retired: close what the executor opened itself (the bounded twin
