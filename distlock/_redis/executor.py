@@ -337,7 +337,7 @@ class Executor:
     def dispatcher(self, source: Callable[[], Any], tag: str) -> Any:
         """The session's dispatcher (``source`` is called for the executor to open pub/sub
         connections through)."""
-        from .pubsub import Dispatcher
+        from .dispatcher import Dispatcher
         return Dispatcher(source, tag)
 
 

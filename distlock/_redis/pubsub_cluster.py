@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Set
 import redis
 
 from .apubsub import AsyncDispatcher
-from .pubsub import Board, Dispatcher, Waiter
+from .dispatcher import Dispatcher
+from .pubsub import Board, Waiter
 
 __all__ = ["ClusterDispatcher", "AsyncClusterDispatcher", "Routed", "Router", "Shard"]
 
@@ -142,7 +143,7 @@ class Router:
 
 
 class ClusterDispatcher(Router):
-    """The session's dispatcher on a cluster (threads): ``_redis.pubsub.Dispatcher``'s methods, each
+    """The session's dispatcher on a cluster (threads): ``_redis.dispatcher.Dispatcher``'s methods, each
     routed to the dispatcher of the channel's node."""
 
     def __init__(self, executor: Callable[[], Any], tag: str) -> None:
@@ -209,6 +210,8 @@ class AsyncClusterDispatcher(Router):
 
 class _NodeDispatcher(Dispatcher):
     """A dispatcher on one node of the cluster."""
+
+    lends = False  # its connection speaks through ShardPubSub, whose messages may be synthetic
 
     def __init__(self, executor: Callable[[], Any], node_name: str, tag: str) -> None:
         super().__init__(executor, tag)

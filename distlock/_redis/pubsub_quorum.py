@@ -4,7 +4,7 @@ them, so that a hint from any master wakes it.
 ``Boards`` is what the quorum's dispatchers of both shells share: the dispatchers, one per
 master, and a wait's waiters in them (a ``_Fan``: one ``Waiter`` per master, all sharing the
 first one's event). ``QuorumDispatcher`` (threads) adds the parts that block, over a
-``_MasterDispatcher`` per master (a ``pubsub.Dispatcher`` on that master's twin, with its own
+``_MasterDispatcher`` per master (a ``dispatcher.Dispatcher`` on that master's twin, with its own
 pub/sub connection and thread, as a cluster has one per node); the asyncio shell's
 ``aport_quorum.AsyncQuorumDispatcher`` adds those that await.
 """
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional
 
 from .._core.quorum import quorum
 from .._core.settings import settings
-from .pubsub import Board, Dispatcher, Waiter
+from .dispatcher import Dispatcher
+from .pubsub import Board, Waiter
 
 if TYPE_CHECKING:
     from .fanout_quorum import Master
@@ -110,7 +111,7 @@ class Boards:
 
 
 class QuorumDispatcher(Boards):
-    """The session's dispatcher on a quorum: ``pubsub.Dispatcher``'s methods over one
+    """The session's dispatcher on a quorum: ``dispatcher.Dispatcher``'s methods over one
     dispatcher per master (each with its pub/sub connection and thread, as a cluster has one
     per node)."""
 
@@ -161,6 +162,8 @@ class QuorumDispatcher(Boards):
 
 class MasterDispatcher(Dispatcher):
     """A dispatcher on one master of the quorum."""
+
+    lends = False  # a quorum's waiter sleeps on every master's dispatcher at once
 
     def __init__(self, source: Callable[[], Any], index: int, tag: str) -> None:
         super().__init__(source, tag)

@@ -7,7 +7,7 @@ A session holds:
   ``read``, ``batch``);
 - a :class:`~distlock._session.watchdog.Watchdog`: the registry of holds and the thread that renews
   them, in batches;
-- a :class:`~distlock._redis.pubsub.Dispatcher`: one pub/sub connection and one thread for every
+- a :class:`~distlock._redis.dispatcher.Dispatcher`: one pub/sub connection and one thread for every
   channel this process waits on.
 
 Which session a client gets (``session_for``):
@@ -50,7 +50,8 @@ from .._core.settings import settings
 from .._core.shares import Runs
 from .._redis import executor_for
 from .._redis.clients import ClientArg, server_key, session_client, shareable
-from .._redis.pubsub import Dispatcher, Waiter, wake_count, wake_idents
+from .._redis.dispatcher import Dispatcher
+from .._redis.pubsub import Waiter, wake_count, wake_idents
 from .config import resolve_client
 from .metrics import Meter
 from .metrics import meter as make_meter

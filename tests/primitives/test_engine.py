@@ -27,7 +27,7 @@ from distlock import (
     DistSemaphore,
 )
 from distlock._primitives import engine as _engine
-from distlock._redis.pubsub import Dispatcher
+from distlock._redis.dispatcher import Dispatcher
 
 Setup = Callable[[redis.Redis, redis.Redis, str], Tuple[Callable[[float], Any], Any, Callable[[], None]]]
 

@@ -31,7 +31,7 @@ from _support import previous_script
 import distlock
 import distlock.asyncio as aio
 from distlock import DistLock, DistRLock
-from distlock._redis import pubsub
+from distlock._redis import dispatcher
 from distlock._session.session import session_for
 
 pytestmark = pytest.mark.real_redis
@@ -253,7 +253,7 @@ def _hand_as_it_leaves(monkeypatch: Any, holder: Any, fail: bool,
     is about to leave its queue. With ``deadline`` (monotonic), the first sleep first waits
     past it, so that the wait, woken with nothing, is out of time."""
     handed: List[int] = []
-    real_sleep = pubsub.Dispatcher.sleep
+    real_sleep = dispatcher.Dispatcher.sleep
 
     def sleep(self: Any, waiter: Any, head_bound: float, limit: Any = None) -> bool:
         if not handed and waiter.taker is not None:
@@ -268,7 +268,7 @@ def _hand_as_it_leaves(monkeypatch: Any, holder: Any, fail: bool,
             return False  # as if the bound ran out: the wait is at its deadline
         return bool(real_sleep(self, waiter, head_bound, limit))
 
-    monkeypatch.setattr(pubsub.Dispatcher, "sleep", sleep)
+    monkeypatch.setattr(dispatcher.Dispatcher, "sleep", sleep)
     return handed
 
 
