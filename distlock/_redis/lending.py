@@ -132,7 +132,10 @@ class Lender:
             if not isinstance(getattr(conn, "_sock", None), socket.socket):
                 return None  # not connected, or no socket to watch (fakeredis)
             if self._bell is None:
-                self._bell = socket.socketpair()
+                try:
+                    self._bell = socket.socketpair()
+                except OSError:  # out of file descriptors, say: the dispatcher reads
+                    return None
                 for end in self._bell:
                     end.setblocking(False)
             self.lent_to = waiter
@@ -156,7 +159,7 @@ class Lender:
                     if message is not None:
                         board._handle(message)
                     continue
-                ready, _, _ = select.select([sock, bell], [], [], min(left, tick))
+                ready = _wait_readable(sock, bell, min(left, tick))
                 if bell in ready:
                     # rung from the process: handed the lock, or promoted to the head of its
                     # queue, whose bound is shorter (the sleep works it out again)
@@ -184,3 +187,18 @@ class Lender:
             self.sleepers += delta
             if delta > 0 and self.parked:
                 self._unpark.set()
+
+
+def _wait_readable(sock: socket.socket, bell: socket.socket, timeout: float) -> Any:
+    """Which of ``sock`` and ``bell`` can be read, waiting at most ``timeout`` seconds: poll
+    where there is one (a process may have file descriptors past select's 1024), else select."""
+    if _POLL is None:
+        return select.select([sock, bell], [], [], timeout)[0]
+    poller = _POLL()
+    poller.register(sock, select.POLLIN)
+    poller.register(bell, select.POLLIN)
+    fds = {fd for fd, _ in poller.poll(timeout * 1000.0)}
+    return [s for s in (sock, bell) if s.fileno() in fds]
+
+
+_POLL = getattr(select, "poll", None)

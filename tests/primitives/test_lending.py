@@ -177,3 +177,27 @@ def test_quorum_and_cluster_node_dispatchers_do_not_lend() -> None:
 
     assert Dispatcher.lends
     assert not MasterDispatcher.lends and not _NodeDispatcher.lends
+
+
+def test_the_wait_sees_sockets_past_selects_limit() -> None:
+    """A process may have more than select()'s 1024 file descriptors: the borrower's wait
+    (poll where there is one) still sees a socket numbered past it."""
+    import os
+    import resource
+    import socket
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft <= 1100:
+        pytest.skip(f"this process may open only {soft} files")
+    a, b = socket.socketpair()
+    ring, bell = socket.socketpair()
+    high = socket.socket(fileno=os.dup2(a.fileno(), 1090))
+    try:
+        assert lending._wait_readable(high, bell, 0.0) == []
+        b.send(b"x")
+        assert lending._wait_readable(high, bell, 5.0) == [high]
+        ring.send(b"\0")
+        assert bell in lending._wait_readable(high, bell, 5.0)
+    finally:
+        for s in (a, b, ring, bell, high):
+            s.close()
