@@ -16,12 +16,17 @@ from typing import Any, Callable, Optional
 import redis
 
 from .._core.settings import settings
-from .lending import Lender
+from .lending import SOON, Lender
 from .pubsub import TICK, Board, Waiter
 
 __all__ = ["Dispatcher"]
 
 log = logging.getLogger("distlock")
+
+#: How long a sleeping thread waits for a busy dispatcher before it tries to borrow again, and
+#: how many times per sleep (then it sleeps on its event, and the dispatcher reads for it)
+SOON_AFTER = 0.002
+SOON_TRIES = 5
 
 
 class Dispatcher(Board):
@@ -91,6 +96,7 @@ class Dispatcher(Board):
         sleeping thread reads the connection itself (``_redis.lending``)."""
         started = time.monotonic()
         lender = self._lender if self.lends else None
+        soon = 0
         while not waiter.hinted:
             left = self._bound(waiter, head_bound, limit) - (time.monotonic() - started)
             if left <= 0:
@@ -99,7 +105,12 @@ class Dispatcher(Board):
                 waiter.event.wait(left)
             else:
                 loan = lender.borrow(waiter)
-                if loan is not None:
+                if loan is SOON and soon < SOON_TRIES:  # a moment, then borrow again
+                    soon += 1
+                    waiter.event.wait(min(left, SOON_AFTER))
+                    waiter.event.clear()
+                    continue
+                if loan is not None and loan is not SOON:
                     try:
                         lender.read(waiter, loan, time.monotonic() + left)
                         continue
@@ -156,11 +167,14 @@ class Dispatcher(Board):
                     return  # nothing left to wait on: the thread and its connection go
                 if message is None and lender is not None:
                     lender.park()  # until something needs this thread to read
+                    if self._unsubscribe_idle(pubsub):  # the chores a loan left to it
+                        return
             except Exception:  # noqa: BLE001 - a surprise in one message must not stop the rest
                 log.exception("distlock: pub/sub dispatcher error")
         _close_quietly(pubsub)
         with self.mutex:
-            self._lender.gone()
+            if self._thread in (None, threading.current_thread()):  # not a newer thread's
+                self._lender.gone()
 
     def _read_for(self, lender: Optional[Lender]) -> float:
         """How long the next read may block: not at all when the thread is about to park."""
@@ -203,7 +217,7 @@ class Dispatcher(Board):
         self.closed = True
         with self.mutex:
             thread, pubsub = self._thread, self._pubsub
-            self._lender.unpark()
+            self._lender.stop()
         if join and thread is not None and thread is not threading.current_thread():
             thread.join(timeout=3.0)
         _close_quietly(pubsub)

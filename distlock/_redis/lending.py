@@ -12,10 +12,12 @@ Still one connection per process, read by one thread at a time:
   SUBSCRIBE, or a loan ended with others to read for.
 - A waiter going to sleep **borrows** the connection when the dispatcher is parked and no one
   else has it. It reads until its sleep ends, dispatching every message (other threads' hints
-  too), and drops idle channels as the dispatcher would. Woken in the process (a hand-off by a
-  release of this process, a promotion in its queue), it is rung through a socket pair, which
-  its ``select`` watches beside the connection, and its loan ends: the sleep works its bound
-  out again.
+  and subscriptions too), and nothing else: when the board needs what only the dispatcher does
+  (a channel to subscribe again, an idle one to give up: ``needs_dispatcher``), the loan ends,
+  and the dispatcher has its pass before anyone borrows again. Woken in the process (a
+  hand-off by a release of this process, a promotion in its queue), it is rung through a
+  socket pair, which its ``poll`` watches beside the connection, and its loan ends: the sleep
+  works its bound out again.
 - Anything unexpected (the connection broke, the session closed) ends the loan: the waiter
   sleeps the rest on its event, and the dispatcher, unparked, meets the failure and reconnects
   as it always does.
@@ -30,7 +32,13 @@ import threading
 import time
 from typing import Any, Optional, Tuple
 
-__all__ = ["Bell", "Lender"]
+from . import pubsub as books
+
+__all__ = ["Bell", "Lender", "SOON"]
+
+#: ``Lender.borrow``'s answer while the dispatcher is busy a moment (its chores, a subscription
+#: on its way) and reads for nobody else: try again in a moment, without asking it to read on
+SOON = ("soon",)
 
 log = logging.getLogger("distlock")
 
@@ -75,6 +83,8 @@ class Lender:
         self.lent_to: Any = None
         #: waiters sleeping on their events: the dispatcher must read for them
         self.sleepers = 0
+        #: a loan ended for the dispatcher's chores: nobody borrows before its next pass
+        self.wanted = False
         self._unpark = threading.Event()
         self._bell: Optional[Tuple[socket.socket, socket.socket]] = None
 
@@ -90,6 +100,19 @@ class Lender:
                 return False
         return True
 
+    def needs_dispatcher(self) -> bool:
+        """The board needs what only the dispatcher does (holds the mutex): a channel waited on
+        to subscribe again (after a reconnect, or its UNSUBSCRIBE confirmed as a waiter joined
+        it), or an idle one to give up."""
+        now = time.monotonic()
+        for chan in self._board.channels.values():
+            if chan.refs:
+                if not (chan.confirmed.is_set() or chan.pending or chan.leaving or chan.moved):
+                    return True
+            elif not (chan.pending or chan.leaving) and now - chan.idle_since > books.UNSUBSCRIBE_AFTER:
+                return True
+        return False
+
     def park(self) -> None:
         """The dispatcher read nothing: wait while nothing needs it, a ``tick`` at most unless the
         connection is lent (then until the loan ends, a ``tick`` at a time)."""
@@ -103,12 +126,22 @@ class Lender:
             self._unpark.clear()
             with board.mutex:
                 if self.lent_to is None or board.closed:
-                    self.parked = False
+                    self.parked = self.wanted = False
                     return
 
     def unpark(self) -> None:
         if self.parked:
             self._unpark.set()
+
+    def stop(self) -> None:
+        """The session closes: the dispatcher stops parking, and a borrower stops reading."""
+        self._unpark.set()
+        bell = self._bell
+        if bell is not None and self.lent_to is not None:
+            try:
+                bell[1].send(b"\0")
+            except OSError:
+                pass
 
     def gone(self) -> None:
         """The dispatcher exits (idle, or closed): no loan can start; the bell goes."""
@@ -120,13 +153,22 @@ class Lender:
 
     # --- a waiting thread ----------------------------------------------------------------------
 
-    def borrow(self, waiter: Any) -> Optional[Tuple[Any, Any, socket.socket]]:
+    def borrow(self, waiter: Any) -> Any:
         """Lend the connection to ``waiter`` if the dispatcher is parked and no one else has it:
-        its PubSub, its redis-py connection and the bell's reading end; None otherwise."""
+        its PubSub, its redis-py connection and the bell's reading end; ``SOON`` while the
+        dispatcher is busy a moment and reads for no one else; None otherwise (the caller
+        sleeps on its event, and the reader reads for it)."""
         board = self._board
         with board.mutex:
             pubsub = board._pubsub
-            if not self.parked or self.lent_to is not None or board.closed or pubsub is None:
+            if board.closed or pubsub is None:
+                return None
+            if self.parked and self.lent_to is None and not self.wanted and self.needs_dispatcher():
+                self.wanted = True
+                self._unpark.set()
+            if self.wanted or not (self.parked or self.sleepers):
+                return SOON
+            if not self.parked or self.lent_to is not None:
                 return None
             conn = getattr(pubsub, "connection", None)
             if not isinstance(getattr(conn, "_sock", None), socket.socket):
@@ -155,9 +197,12 @@ class Lender:
                 if left <= 0 or sock is None:  # (disconnected: the dispatcher reconnects)
                     return
                 if conn.can_read(timeout=0):  # what redis-py has buffered, or the socket has
-                    message = pubsub.get_message(timeout=0)
+                    # (a message only partly there: the rest is waited for, not spun on)
+                    message = pubsub.get_message(timeout=min(left, tick))
                     if message is not None:
                         board._handle(message)
+                        if self._wants_dispatcher():
+                            return
                     continue
                 ready = _wait_readable(sock, bell, min(left, tick))
                 if bell in ready:
@@ -168,17 +213,23 @@ class Lender:
                     except OSError:
                         pass
                     return
-                if not ready:
-                    board._unsubscribe_idle(pubsub)  # a quiet tick: the dispatcher's chore
+                if not ready and self._wants_dispatcher():  # a quiet tick: its chores?
+                    return
         finally:
             with board.mutex:
                 self.lent_to = None
                 event = waiter.event
                 if isinstance(event, Bell):
                     waiter.event = event.inner
-                wake = not self.parkable()
+                wake = self.wanted or not self.parkable()
             if wake:
                 self._unpark.set()
+
+    def _wants_dispatcher(self) -> bool:
+        with self._board.mutex:
+            if self.needs_dispatcher():
+                self.wanted = True
+        return self.wanted
 
     def sleeping(self, delta: int) -> None:
         """A waiter starts (+1) or ends (-1) a sleep on its event, which the dispatcher must

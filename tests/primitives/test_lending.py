@@ -145,6 +145,31 @@ def test_a_connection_broken_during_a_loan_is_mended(backend: Any, client: Any) 
         other.close()
 
 
+def test_a_loan_ends_when_the_board_needs_the_dispatcher(backend: Any, client: Any) -> None:
+    """A channel waited on that must be subscribed again (as after a reconnect) is only the
+    dispatcher's to subscribe: the borrower gives the connection back for it, the dispatcher
+    subscribes it, and its waiter is still woken by the release."""
+    distlock.configure(wait_cap=60)  # no bound ends the loan meanwhile
+    other = backend.client()
+    try:
+        holder = DistLock("lend:again", client=other, lease=60)
+        assert holder.acquire()
+        results: List[Any] = []
+        t = _waiter(DistLock("lend:again", client=client, lease=60), results, timeout=120.0)
+        board = session_for(client).dispatcher
+        lender = board._lender
+        _until(lambda: lender.lent_to is not None, "the waiter borrowing the connection")
+        channel = lender.lent_to.channel.name
+        with board.mutex:
+            board._reset_channels()  # every channel to subscribe again, as on a new connection
+        _until(lambda: channel in board.subscribed(), "the channel subscribed again")
+        holder.release()
+        t.join(150)
+        assert results == [True]
+    finally:
+        other.close()
+
+
 def test_the_bell_goes_with_the_dispatcher_thread(backend: Any, client: Any) -> None:
     """Once nobody waits, the dispatcher thread exits idle, and the bell's socket pair is
     closed with it: a process that stops waiting keeps nothing for it."""
