@@ -48,17 +48,25 @@ def _waiter(lock: DistLock, results: List[Any], timeout: float = 30.0) -> thread
     return t
 
 
+def _borrowing(holder_client: Any, client: Any, name: str, timeout: float = 30.0) -> Any:
+    """``holder_client`` (another process, for the lock) takes ``name``; a thread of
+    ``client``'s process waits for it, until it borrows the connection. Returns the holder,
+    the waiting thread, its results and the lender."""
+    holder = DistLock(name, client=holder_client, lease=60)
+    assert holder.acquire()
+    results: List[Any] = []
+    t = _waiter(DistLock(name, client=client, lease=60), results, timeout=timeout)
+    lender = _lender(client)
+    _until(lambda: lender.lent_to is not None, "the waiter borrowing the connection")
+    return holder, t, results, lender
+
+
 def test_a_lone_waiter_reads_the_connection_itself(backend: Any, client: Any) -> None:
     """A thread waiting for a lock held by another process borrows its process' connection;
     the release's message wakes it, and the loan is given back."""
     other = backend.client()
     try:
-        holder = DistLock("lend:lone", client=other, lease=60)
-        assert holder.acquire()
-        results: List[Any] = []
-        t = _waiter(DistLock("lend:lone", client=client, lease=60), results)
-        lender = _lender(client)
-        _until(lambda: lender.lent_to is not None, "the waiter borrowing the connection")
+        holder, t, results, lender = _borrowing(other, client, "lend:lone")
         assert lender.parked
         holder.release()
         t.join(40)
@@ -127,13 +135,8 @@ def test_a_connection_broken_during_a_loan_is_mended(backend: Any, client: Any) 
     dispatcher reconnects and subscribes again, and the waiter still gets the lock."""
     other = backend.client()
     try:
-        holder = DistLock("lend:broken", client=other, lease=60)
-        assert holder.acquire()
-        results: List[Any] = []
-        t = _waiter(DistLock("lend:broken", client=client, lease=60), results)
+        holder, t, results, _ = _borrowing(other, client, "lend:broken")
         session = session_for(client)
-        lender = session.dispatcher._lender
-        _until(lambda: lender.lent_to is not None, "the waiter borrowing the connection")
         before = session.dispatcher.reconnects
         assert other.client_kill_filter(_type="pubsub") >= 1
         _until(lambda: session.dispatcher.reconnects > before, "the dispatcher reconnecting")
@@ -152,13 +155,8 @@ def test_a_loan_ends_when_the_board_needs_the_dispatcher(backend: Any, client: A
     distlock.configure(wait_cap=60)  # no bound ends the loan meanwhile
     other = backend.client()
     try:
-        holder = DistLock("lend:again", client=other, lease=60)
-        assert holder.acquire()
-        results: List[Any] = []
-        t = _waiter(DistLock("lend:again", client=client, lease=60), results, timeout=120.0)
+        holder, t, results, lender = _borrowing(other, client, "lend:again", timeout=120.0)
         board = session_for(client).dispatcher
-        lender = board._lender
-        _until(lambda: lender.lent_to is not None, "the waiter borrowing the connection")
         channel = lender.lent_to.channel.name
         with board.mutex:
             board._reset_channels()  # every channel to subscribe again, as on a new connection
@@ -175,12 +173,8 @@ def test_the_bell_goes_with_the_dispatcher_thread(backend: Any, client: Any) -> 
     closed with it: a process that stops waiting keeps nothing for it."""
     other = backend.client()
     try:
-        holder = DistLock("lend:idle", client=other, lease=60)
-        assert holder.acquire()
-        results: List[Any] = []
-        t = _waiter(DistLock("lend:idle", client=client, lease=60), results)
+        holder, t, results, _ = _borrowing(other, client, "lend:idle")
         dispatcher = session_for(client).dispatcher
-        _until(lambda: dispatcher._lender.lent_to is not None, "the waiter borrowing the connection")
         bell = dispatcher._lender._bell
         assert bell is not None
         holder.release()
