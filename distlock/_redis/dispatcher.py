@@ -38,7 +38,11 @@ class Dispatcher(Board):
     exited idle).
     """
 
-    lends = True
+    #: Off by default for now: CI found two faults with it on (a user's signal handler whose
+    #: exception a loan swallowed, fixed below; a pub/sub thread left in redis-py's reconnect
+    #: backoff after a connection reset during a loan, not yet understood). Its tests turn it
+    #: on (``Dispatcher.lends = True``).
+    lends = False
 
     def __init__(self, executor: Callable[[], Any], tag: str) -> None:
         super().__init__()
@@ -114,7 +118,7 @@ class Dispatcher(Board):
                     try:
                         lender.read(waiter, loan, time.monotonic() + left)
                         continue
-                    except Exception as exc:  # noqa: BLE001 - the dispatcher meets it, and reconnects
+                    except (redis.RedisError, OSError, ValueError) as exc:  # the dispatcher meets it
                         log.debug("distlock: reading the lent pub/sub connection failed: %r", exc)
                 lender.sleeping(1)
                 try:

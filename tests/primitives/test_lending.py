@@ -24,6 +24,14 @@ from distlock._session.session import session_for
 pytestmark = pytest.mark.real_redis
 
 
+@pytest.fixture(autouse=True)
+def _lending(monkeypatch: Any) -> None:
+    """Lending is off by default for now (``Dispatcher.lends``): these tests turn it on."""
+    from distlock._redis.dispatcher import Dispatcher
+
+    monkeypatch.setattr(Dispatcher, "lends", True)
+
+
 def _lender(client: Any) -> Any:
     return session_for(client).dispatcher._lender
 
@@ -194,8 +202,8 @@ def test_quorum_and_cluster_node_dispatchers_do_not_lend() -> None:
     from distlock._redis.pubsub_cluster import _NodeDispatcher
     from distlock._redis.pubsub_quorum import MasterDispatcher
 
-    assert Dispatcher.lends
     assert not MasterDispatcher.lends and not _NodeDispatcher.lends
+    assert issubclass(MasterDispatcher, Dispatcher) and issubclass(_NodeDispatcher, Dispatcher)
 
 
 def test_the_wait_sees_sockets_past_selects_limit() -> None:
@@ -220,3 +228,44 @@ def test_the_wait_sees_sockets_past_selects_limit() -> None:
     finally:
         for s in (a, b, ring, bell, high):
             s.close()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_signal_handlers_exception_ends_the_borrowers_wait(backend: Any, client: Any) -> None:
+    """The main thread borrows the connection and a signal comes: what its handler raises
+    leaves ``acquire()`` (``distlock run --leader`` ends this way), not swallowed by the loan."""
+    import os
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    other = backend.client()
+    holder = DistLock("lend:signal", client=other, lease=60)
+    assert holder.acquire()
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise _Interrupted()
+
+    previous = signal.signal(signal.SIGUSR1, interrupted)
+    lender = _lender(client)
+    sent: List[bool] = []
+
+    def send() -> None:
+        _until(lambda: lender.lent_to is not None, "the main thread borrowing the connection")
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(_Interrupted):
+            DistLock("lend:signal", client=client, lease=60).acquire(timeout=60)
+        assert sent
+    finally:
+        t.join(30)
+        signal.signal(signal.SIGUSR1, previous)
+        holder.release()
+        other.close()
