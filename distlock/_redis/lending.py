@@ -32,8 +32,6 @@ import threading
 import time
 from typing import Any, Optional, Tuple
 
-from . import pubsub as books
-
 __all__ = ["Bell", "Lender", "SOON"]
 
 #: ``Lender.borrow``'s answer while the dispatcher is busy a moment (its chores, a subscription
@@ -104,14 +102,10 @@ class Lender:
         """The board needs what only the dispatcher does (holds the mutex): a channel waited on
         to subscribe again (after a reconnect, or its UNSUBSCRIBE confirmed as a waiter joined
         it), or an idle one to give up."""
+        board = self._board
         now = time.monotonic()
-        for chan in self._board.channels.values():
-            if chan.refs:
-                if not (chan.confirmed.is_set() or chan.pending or chan.leaving or chan.moved):
-                    return True
-            elif not (chan.pending or chan.leaving) and now - chan.idle_since > books.UNSUBSCRIBE_AFTER:
-                return True
-        return False
+        return any(board._unsubscribed(c) or (board._idle_past(c, now) and not c.leaving)
+                   for c in board.channels.values())
 
     def park(self) -> None:
         """The dispatcher read nothing: wait while nothing needs it, a ``tick`` at most unless the

@@ -240,13 +240,23 @@ class Board:
             chan.pending = 0
             chan.leaving = False  # nothing is subscribed on a new connection
 
+    @staticmethod
+    def _unsubscribed(c: Channel) -> bool:
+        """``c`` has waiters and is neither subscribed nor on its way (nor leaving: its
+        UNSUBSCRIBE goes first): the reader must subscribe it again."""
+        return (c.refs > 0 and c.pending == 0 and not c.confirmed.is_set() and not c.moved
+                and not c.leaving)
+
+    @staticmethod
+    def _idle_past(c: Channel, now: float) -> bool:
+        """``c`` has had no waiter, and nothing on its way, for UNSUBSCRIBE_AFTER."""
+        return c.refs == 0 and c.pending == 0 and now - c.idle_since > UNSUBSCRIBE_AFTER
+
     def _to_resubscribe(self) -> List[str]:
-        """The channels with waiters that are neither subscribed nor on their way (nor leaving:
-        their UNSUBSCRIBE goes first); counted as on their way from now."""
+        """The channels to subscribe again (``_unsubscribed``); counted as on their way from
+        now."""
         with self.mutex:
-            names = [c.name for c in self.channels.values()
-                     if c.refs > 0 and c.pending == 0 and not c.confirmed.is_set() and not c.moved
-                     and not c.leaving]
+            names = [c.name for c in self.channels.values() if self._unsubscribed(c)]
             for name in names:
                 self.channels[name].pending += 1
         return names
@@ -261,8 +271,7 @@ class Board:
         now = time.monotonic()
         with self.mutex:
             idle = [c for c in self.channels.values()
-                    if c.refs == 0 and c.pending == 0
-                    and (c.leaving or now - c.idle_since > UNSUBSCRIBE_AFTER)]
+                    if (c.leaving and c.refs == 0 and c.pending == 0) or self._idle_past(c, now)]
             if len(idle) == len(self.channels):
                 self.channels.clear()
                 self._reader_gone()
