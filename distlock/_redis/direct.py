@@ -44,13 +44,21 @@ def closed_idle(pool: Any, seen: Any) -> List[Any]:
 
 
 def readable_now(sock: Any) -> bool:
-    """Whether ``sock`` has something to read, or its peer closed it; never waits. ``poll``
-    where there is one: ``select`` takes no descriptor above 1023."""
-    if hasattr(select, "poll"):
-        poller = select.poll()
+    """Whether ``sock`` has something to read, or its peer closed it; never waits."""
+    return bool(readable([sock], 0.0))
+
+
+def readable(socks: List[Any], timeout: float) -> List[Any]:
+    """Those of ``socks`` that have something to read, or whose peer closed them, waiting at
+    most ``timeout`` seconds. ``poll`` where there is one: ``select`` takes no descriptor above
+    1023."""
+    if not hasattr(select, "poll"):
+        return list(select.select(socks, [], [], timeout)[0])
+    poller = select.poll()
+    for sock in socks:
         poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-    return bool(select.select([sock], [], [], 0)[0])
+    fds = {fd for fd, _ in poller.poll(timeout * 1000.0)}
+    return [sock for sock in socks if sock.fileno() in fds]
 
 
 def idle_sockets(pool: Any, seen: Any) -> List[Any]:

@@ -26,11 +26,12 @@ Still one connection per process, read by one thread at a time:
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 import time
 from typing import Any, Optional, Tuple
+
+from .direct import readable
 
 __all__ = ["Bell", "Lender", "SOON"]
 
@@ -43,7 +44,7 @@ log = logging.getLogger("distlock")
 
 class Bell:
     """A borrowing waiter's event while it reads the connection: ``set`` from another thread also
-    rings the waiter's ``select``, which a ``threading.Event`` could not reach."""
+    rings the waiter's ``poll``, which a ``threading.Event`` could not reach."""
 
     __slots__ = ("inner", "_ring", "_reader")
 
@@ -55,10 +56,7 @@ class Bell:
     def set(self) -> None:
         self.inner.set()
         if threading.get_ident() != self._reader:
-            try:
-                self._ring.send(b"\0")
-            except OSError:  # full (it rings already), or closed with the session
-                pass
+            _ring(self._ring)
 
     def clear(self) -> None:
         self.inner.clear()
@@ -132,10 +130,7 @@ class Lender:
         self._unpark.set()
         bell = self._bell
         if bell is not None and self.lent_to is not None:
-            try:
-                bell[1].send(b"\0")
-            except OSError:
-                pass
+            _ring(bell[1])
 
     def gone(self) -> None:
         """The dispatcher exits (idle, or closed): no loan can start; the bell goes."""
@@ -198,7 +193,7 @@ class Lender:
                         if self._wants_dispatcher():
                             return
                     continue
-                ready = _wait_readable(sock, bell, min(left, tick))
+                ready = readable([sock, bell], min(left, tick))
                 if bell in ready:
                     # rung from the process: handed the lock, or promoted to the head of its
                     # queue, whose bound is shorter (the sleep works it out again)
@@ -234,16 +229,9 @@ class Lender:
                 self._unpark.set()
 
 
-def _wait_readable(sock: socket.socket, bell: socket.socket, timeout: float) -> Any:
-    """Which of ``sock`` and ``bell`` can be read, waiting at most ``timeout`` seconds: poll
-    where there is one (a process may have file descriptors past select's 1024), else select."""
-    if _POLL is None:
-        return select.select([sock, bell], [], [], timeout)[0]
-    poller = _POLL()
-    poller.register(sock, select.POLLIN)
-    poller.register(bell, select.POLLIN)
-    fds = {fd for fd, _ in poller.poll(timeout * 1000.0)}
-    return [s for s in (sock, bell) if s.fileno() in fds]
-
-
-_POLL = getattr(select, "poll", None)
+def _ring(end: socket.socket) -> None:
+    """Wake the borrower's wait through the bell's writing ``end``."""
+    try:
+        end.send(b"\0")
+    except OSError:  # full (it rings already), or closed with the session
+        pass

@@ -19,6 +19,7 @@ import pytest
 import distlock
 from distlock import DistLock
 from distlock._redis import lending
+from distlock._redis.direct import readable
 from distlock._session.session import session_for
 
 pytestmark = pytest.mark.real_redis
@@ -208,7 +209,7 @@ def test_quorum_and_cluster_node_dispatchers_do_not_lend() -> None:
 
 def test_the_wait_sees_sockets_past_selects_limit() -> None:
     """A process may have more than select()'s 1024 file descriptors: the borrower's wait
-    (poll where there is one) still sees a socket numbered past it."""
+    (``direct.readable``: poll where there is one) still sees a socket numbered past it."""
     import os
     import resource
     import socket
@@ -220,11 +221,11 @@ def test_the_wait_sees_sockets_past_selects_limit() -> None:
     ring, bell = socket.socketpair()
     high = socket.socket(fileno=os.dup2(a.fileno(), 1090))
     try:
-        assert lending._wait_readable(high, bell, 0.0) == []
+        assert readable([high, bell], 0.0) == []
         b.send(b"x")
-        assert lending._wait_readable(high, bell, 5.0) == [high]
+        assert readable([high, bell], 5.0) == [high]
         ring.send(b"\0")
-        assert bell in lending._wait_readable(high, bell, 5.0)
+        assert bell in readable([high, bell], 5.0)
     finally:
         for s in (a, b, ring, bell, high):
             s.close()
