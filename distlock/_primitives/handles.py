@@ -30,7 +30,6 @@ from .._core.election import Leader, check_value, holder_suffix, leader_of
 from .._core.errors import LockLostError, LockNotOwnedError
 from .._core.flow import Flow, Run, drive
 from .._core.settings import settings
-from .._redis import QUORUM, topology
 
 __all__ = ["Handles", "encode_handle", "decode_handle"]
 
@@ -115,7 +114,7 @@ class Handles:
     # --- the flows, for both shells -------------------------------------------------------------
 
     def _refuse_handles(self) -> None:
-        if self._fair or self._quorum or topology(getattr(self, "_client_arg", None)) == QUORUM:
+        if self._fair or self._quorum:
             raise TypeError("a hold of a fair lock or of a Redlock quorum cannot be exported")
 
     def _export(self, lease: Optional[float]) -> Flow[str]:

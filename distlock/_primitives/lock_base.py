@@ -65,9 +65,7 @@ class _LockBase(SessionUser, Aging, Bindable):
         self._name = check_name(name)
         self._init_aging(max_hold)
         self._min_replicas, self._replica_timeout = check_options(min_replicas, replica_timeout)
-        #: a Redlock quorum (a list of masters): asked once, not per acquire
-        self._quorum = topology(client) == QUORUM
-        refuse_quorum(self._quorum, self._min_replicas)
+        refuse_quorum(topology(client) == QUORUM, self._min_replicas)
         if client is not None:
             check_client(client, type(self).__name__)
         self._client_arg = client
@@ -79,9 +77,7 @@ class _LockBase(SessionUser, Aging, Bindable):
         self._keys = Keys(settings().prefix, self._name)
         #: the fair queue's keys (``_primitives.fair``); a plain try reads them too: no queue jumping
         self._fair_keys = FairKeys(self._keys)
-        #: the yield rule applies (``_core.shares``): a default lock on one server or a cluster (a
-        #: Redlock quorum's masters could keep the lock for different processes)
-        self._shares = not self._fair and not self._quorum
+        self._know_topology(client)
         self._acquire_keys = (self._keys.lock, self._keys.fence, self._keys.queue,
                               self._fair_keys.deadlines, *self._keys.others, *self._keys.rw)
         #: what the watchdog calls to queue one renewal of a hold of this primitive, and what gives
@@ -178,6 +174,15 @@ class _LockBase(SessionUser, Aging, Bindable):
         self.release()
 
     # --- the shared machinery ---------------------------------------------------------------
+
+    def _know_topology(self, client: Any) -> None:
+        """What the kind of ``client`` decides, asked once, not per acquire. The asyncio shell
+        calls it again with its own client, which it keeps from the blocking constructor."""
+        #: a Redlock quorum (a list of masters)
+        self._quorum = topology(client) == QUORUM
+        #: the yield rule applies (``_core.shares``): a default lock on one server or a cluster (a
+        #: Redlock quorum's masters could keep the lock for different processes)
+        self._shares = not self._fair and not self._quorum
 
     def _acks(self) -> Acks:
         """What a grant waits for (``min_replicas``, ``replica_timeout``): None when nothing,

@@ -52,6 +52,9 @@ class AsyncShell:
             check_async_client(client, type(self).__name__)
         super().__init__(*args, client=None, **kwargs)  # type: ignore[call-arg]
         self._client_arg = client
+        know = getattr(self, "_know_topology", None)  # a lock: a quorum changes its rules
+        if know is not None:
+            know(client)
 
     # --- where a flow runs ------------------------------------------------------------------------
 

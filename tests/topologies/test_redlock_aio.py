@@ -6,6 +6,7 @@ each other."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from typing import Any, Awaitable, Callable, List
@@ -95,6 +96,35 @@ def test_watchdog_keeps_an_async_hold(redlock: Any) -> None:
         await lock.release()
 
     run(redlock, body)
+
+
+@pytest.mark.parametrize("cls", [aio.DistLock, aio.DistRLock])
+def test_tasks_taking_turns_follow_the_quorums_rules(redlock: Any, cls: Any,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Tasks of one loop take turns on one name. A quorum keeps no lock for the releasing
+    process (the yield rule is for one server or a cluster), so a release wakes the next
+    waiter itself and leaves no ``lock_nudge`` to the watchdog, which no quorum runs: every
+    turn is taken, and no job of the session fails."""
+    name = _name("turns")
+    caplog.set_level(logging.ERROR, logger="distlock")
+    box = {"n": 0}
+
+    async def body(masters: List[aredis.Redis]) -> Any:
+        lock = cls(name, client=masters)
+        assert lock._shares is False
+
+        async def worker() -> None:
+            for _ in range(10):
+                async with lock:
+                    value = box["n"]
+                    await asyncio.sleep(0)
+                    box["n"] = value + 1
+
+        await asyncio.gather(*(worker() for _ in range(3)))
+
+    run(redlock, body)
+    assert box["n"] == 30
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 def test_three_masters_killed_async_acquire_raises(redlock: Any) -> None:

@@ -220,16 +220,19 @@ def test_an_asyncio_redlock_list_with_min_replicas_is_refused(cls: type) -> None
         cls("quorum", client=masters, min_replicas=1)
 
 
-@pytest.mark.parametrize("cls", [distlock.DistLock, distlock.DistRLock])
+@pytest.mark.parametrize("cls", [distlock.DistLock, distlock.DistRLock,
+                                 adistlock.DistLock, adistlock.DistRLock])
 def test_a_configured_min_replicas_does_not_reach_a_redlock_lock(cls: type) -> None:
     """``configure(min_replicas=k)`` is a default for the locks it can apply to: a Redlock
     lock asks no master for a WAIT (its quorum is its answer to a master's loss), while a
-    lock on one server does."""
-    masters = [redis.Redis(port=1), redis.Redis(port=2), redis.Redis(port=3)]
+    lock on one server does. The asyncio shell's locks too, though their blocking constructor
+    never sees the client."""
+    made = aredis.Redis if cls.__module__.startswith("distlock.asyncio") else redis.Redis
+    masters = [made(port=1), made(port=2), made(port=3)]
     distlock.configure(min_replicas=2)
     try:
         assert cls("quorum", client=masters)._acks() is None
-        assert cls("single", client=redis.Redis(port=1))._acks() == (2, 500)
+        assert cls("single", client=made(port=1))._acks() == (2, 500)
     finally:
         from distlock._core.settings import reset_settings
         reset_settings()
