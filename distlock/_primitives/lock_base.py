@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import time
 from typing import Any, Callable, List, Optional, Tuple, TypeVar
 
@@ -16,14 +15,13 @@ import redis
 from .._core.checks import check_acquire_args, check_lease, check_name, check_try_lock_timeout
 from .._core.deadlines import lease_ms, registry_lease_ms
 from .._core.errors import LockLostError, QuorumError, WrongKindError
-from .._core.flow import Flow, Hand, Pick, Read, Run, drive
+from .._core.flow import Flow, Read, Run, drive
 from .._core.keys import FairKeys, Keys
 from .._core.outcomes import LOST
 from .._core.outcomes import lock_reenter as decode_reenter
 from .._core.outcomes import lock_release as decode_release
 from .._core.replicas import Acks, acks_for, check_options, give_back_unacked, refuse_quorum
 from .._core.settings import settings
-from .._core.shares import KEEP, NUDGE_AFTER, YIELD
 from .._core.wait_policy import WAIT
 from .._redis import QUORUM, topology
 from .._redis.clients import ClientArg, check_client
@@ -33,7 +31,7 @@ from .aging import Aging
 from .bound import Bindable
 from .engine import Waiting, waiting_flow
 from .fair import FairWaiting, check_fair, fair_release, first_try, refuse_fair_quorum
-from .lock_wait import QUORUM_RETRY_MS, _finish_release, _LockWaiting, _nudge
+from .lock_wait import QUORUM_RETRY_MS, _finish_release, _LockWaiting, default_release
 from .lost import reentry_lost, settle_release, surplus
 
 log = logging.getLogger("distlock")
@@ -251,37 +249,7 @@ class _LockBase(SessionUser, Aging, Bindable):
     def _call_release(self, hold: Hold, count: int) -> Flow[int]:
         if self._fair:
             return (yield from fair_release(self, hold, count))
-        keys = self._keys
-        args: Tuple[Any, ...] = (hold.owner, hold.token)
-        shares = self._shares and settings().barge_limit < math.inf
-        keep = False
-        now = 0.0
-        # a waiter of this process the release may hand the lock to (lock_release, ARGV[5])
-        taker = None
-        if self._shares and (count == 0 or count >= hold.count) and self._acks() is None \
-                and hold.session.executor.hands_off:
-            taker = yield Pick(keys.waiter_channel(hold.session.id))
-        if shares:
-            now = time.monotonic()
-            keep = hold.session.runs.keeps(hold.key, now)
-            args += (count, KEEP if keep else YIELD)
-        elif count != 1 or taker is not None:
-            args += (count, "")
-        if taker is None:
-            left = int((yield Run("lock_release", (keys.lock, keys.queue, keys.fence), args)))
-        else:
-            args += taker.taker.handoff_args(len(taker.channel.waiters) > 1)
-            sent_at = time.monotonic()
-            left = int((yield Run("lock_release", (keys.lock, keys.queue, keys.fence,
-                                                   self._fair_keys.deadlines), args)))
-            if left <= -2:  # handed to that waiter: it is woken here, in this process
-                yield from _hand(keys, taker, -1 - left, sent_at)
-                return 0
-        if shares and left == 0 and hold.session.runs.released(hold.key, now, keep):
-            # in its quantum: nobody was woken; unless this process takes the lock again
-            # first, the next waiter is woken soon (_shares)
-            hold.session.defer_at(now + NUDGE_AFTER, functools.partial(_nudge, self._keys, hold.session))
-        return left
+        return (yield from default_release(self, hold, count))
 
     def _acquire(self, blocking: bool, timeout: Optional[float], lease: Any, count: int) -> Flow[bool]:
         session = self._session()
@@ -491,20 +459,6 @@ class _LockBase(SessionUser, Aging, Bindable):
 
     def _forget(self, hold: Hold) -> None:
         raise NotImplementedError
-
-
-def _hand(keys: Keys, taker: Any, token: int, sent_at: float) -> Flow[None]:
-    """A release handed the lock to ``taker``, a waiter of this process, with ``token``: give
-    it the hold and wake it. If it left its queue meanwhile (it timed out, or was interrupted,
-    as the hold was handed), give the lock back, yielding it to the next waiting process;
-    unless its own try found the hold its own first (a try sent as the release ran) and it
-    left with it."""
-    if (yield Hand(taker, (token, sent_at))) or taker.taker.took == token:
-        return
-    try:
-        yield from taker.taker.give_back_token(token)
-    except redis.RedisError:
-        pass  # it ends with its lease
 
 
 def _notify_lost(lock: _LockBase) -> None:

@@ -1,7 +1,9 @@
-"""How a lock waits: ``_LockWaiting`` (the tries of one blocking acquire, for the engine) and
-the work a release leaves to the watchdog thread (``_nudge`` after a release in a quantum,
-``_finish_release`` after a release whose round trip was cut short). ``WaitingLock`` says what
-they need of the lock (``lock_base._LockBase`` has it), so this module does not import it."""
+"""How a lock waits and is handed on: ``_LockWaiting`` (the tries of one blocking acquire, for
+the engine), a default lock's release (``default_release``: keep, yield, or hand to a waiter of
+this process, ``_hand``) and the work a release leaves to the watchdog thread (``_nudge`` after
+a release in a quantum, ``_finish_release`` after a release whose round trip was cut short).
+``WaitingLock`` says what they need of the lock (``lock_base._LockBase`` has it), so this module
+does not import it."""
 
 from __future__ import annotations
 
@@ -15,19 +17,19 @@ import redis
 
 from .._core.deadlines import Tries
 from .._core.errors import QuorumError
-from .._core.flow import Flow, Run, drive
+from .._core.flow import Flow, Hand, Pick, Run, drive
 from .._core.keys import Keys
 from .._core.outcomes import Busy, Granted, Outcome
 from .._core.outcomes import lock_acquire as decode_acquire
 from .._core.replies import yielded_grant
 from .._core.settings import settings
-from .._core.shares import YIELD, quantum
+from .._core.shares import KEEP, NUDGE_AFTER, YIELD, quantum
 from .._core.wait_policy import HINTED, LAST, WAIT
 from .._session.session import Hold, Session, Waiter
 from .engine import Waiting
 from .fair import FairLock, FairWaiting, confirm_handed, new_nonce, settle_handed
 
-__all__ = ["WaitingLock", "QUORUM_RETRY_MS"]
+__all__ = ["WaitingLock", "QUORUM_RETRY_MS", "default_release"]
 
 log = logging.getLogger("distlock")
 
@@ -133,7 +135,7 @@ class _LockWaiting(Waiting):
         if type(outcome) is not Granted:
             self._tries.refused(sent_at)
             return outcome
-        self.took = outcome.token  # before it leaves its queue: see ``lock_base._hand``
+        self.took = outcome.token  # before it leaves its queue: see ``_hand``
         lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
         limit = settings().barge_limit
         if lock._shares and limit < math.inf:  # a quantum starts (_shares)
@@ -203,7 +205,7 @@ class _LockWaiting(Waiting):
 
     def give_back_token(self, token: int) -> Flow[None]:
         """Give back the hold with ``token`` that a release handed this wait, yielding it to
-        the next waiting process (also ``lock_base._hand``, when the wait had left)."""
+        the next waiting process (also ``_hand``, when the wait had left)."""
         keys = self._lock._keys
         yield Run("lock_release", (keys.lock, keys.queue), (self._grant_args[0], token, 0, YIELD))
 
@@ -214,6 +216,56 @@ class _LockWaiting(Waiting):
         if self.short is not None:
             raise self.short  # never False for a quorum that could not be reached
         return False
+
+
+def default_release(lock: WaitingLock, hold: Hold, count: int) -> Flow[int]:
+    """A default lock's release: the yield rule's keep or yield (``_core.shares``), and the
+    hand-off to a waiter of this process that the script may make (``_hand``)."""
+    keys = lock._keys
+    args: Tuple[Any, ...] = (hold.owner, hold.token)
+    shares = lock._shares and settings().barge_limit < math.inf
+    keep = False
+    now = 0.0
+    # a waiter of this process the release may hand the lock to (lock_release, ARGV[5])
+    taker = None
+    if lock._shares and (count == 0 or count >= hold.count) and lock._acks() is None \
+            and hold.session.executor.hands_off:
+        taker = yield Pick(keys.waiter_channel(hold.session.id))
+    if shares:
+        now = time.monotonic()
+        keep = hold.session.runs.keeps(hold.key, now)
+        args += (count, KEEP if keep else YIELD)
+    elif count != 1 or taker is not None:
+        args += (count, "")
+    if taker is None:
+        left = int((yield Run("lock_release", (keys.lock, keys.queue, keys.fence), args)))
+    else:
+        args += taker.taker.handoff_args(len(taker.channel.waiters) > 1)
+        sent_at = time.monotonic()
+        left = int((yield Run("lock_release", (keys.lock, keys.queue, keys.fence,
+                                               lock._fair_keys.deadlines), args)))
+        if left <= -2:  # handed to that waiter: it is woken here, in this process
+            yield from _hand(keys, taker, -1 - left, sent_at)
+            return 0
+    if shares and left == 0 and hold.session.runs.released(hold.key, now, keep):
+        # in its quantum: nobody was woken; unless this process takes the lock again
+        # first, the next waiter is woken soon (_shares)
+        hold.session.defer_at(now + NUDGE_AFTER, functools.partial(_nudge, keys, hold.session))
+    return left
+
+
+def _hand(keys: Keys, taker: Any, token: int, sent_at: float) -> Flow[None]:
+    """A release handed the lock to ``taker``, a waiter of this process, with ``token``: give
+    it the hold and wake it. If it left its queue meanwhile (it timed out, or was interrupted,
+    as the hold was handed), give the lock back, yielding it to the next waiting process;
+    unless its own try found the hold its own first (a try sent as the release ran) and it
+    left with it."""
+    if (yield Hand(taker, (token, sent_at))) or taker.taker.took == token:
+        return
+    try:
+        yield from taker.taker.give_back_token(token)
+    except redis.RedisError:
+        pass  # it ends with its lease
 
 
 def _nudge(keys: Keys, session: Session) -> None:
