@@ -495,10 +495,9 @@ class Watchdog:
 
     def _drop_renewer(self, under_io: bool = False) -> None:
         """Close the watchdog's connection, unless a renewals job is using it (``under_io``:
-        close it all the same). That job closes it when it ends: closed under it by another
-        thread, a connection redis-py is opening goes on with a new socket and then waits its
-        whole timeout (the renewal interval) for a handshake reply sent on the old one, and
-        the renewals thread with it."""
+        all the same). That job closes it as it ends: closed under it by another thread, a
+        connection redis-py is opening goes on with a new socket, then waits its whole timeout
+        for a handshake reply sent on the old one, and the renewals thread with it."""
         self._renewal_open = False
         if self._renewal_io and not under_io:
             return
@@ -515,6 +514,7 @@ class Watchdog:
             thread.join(timeout=3.0)
         self.renewals.close(join)
         self.chores.close(join)
-        # the renewals job still running after the join waits on I/O: closing its connection
-        # ends the wait
-        self._drop_renewer(under_io=True)
+        # joined, a renewals job still running waits on I/O: closing its connection ends the
+        # wait; not joined (the reaper's), it may be opening it: it closes it as it ends
+        with self.mutex:
+            self._drop_renewer(under_io=join)

@@ -169,3 +169,27 @@ def test_the_watchdogs_connection_is_never_closed_while_it_is_being_opened() -> 
     finally:
         opening.go.set()
         wd.close(join=True)
+
+
+def test_a_retired_sessions_watchdog_leaves_a_connection_being_opened_to_its_opener() -> None:
+    """The session is retired (``close(join=False)``, the reaper's) while the renewals worker
+    is opening the watchdog's connection: nothing closes it under the handshake; the worker
+    closes it once it is open."""
+    opening = _Opening()
+    wd = Watchdog(lambda: opening, "retired", lambda hold, cause: None)
+    try:
+        hold = Hold(None, "k", "owner", token=1, count=1, watchdog=True, lease_ms=3000,
+                    sent_at=time.monotonic(), renew=lambda batch, hold, ms: None)
+        wd.add(hold)
+        assert opening.opening.wait(10), "the worker never began to open the connection"
+        wd.drop(hold)
+        wd.close(join=False)
+        assert opening.dropped_while_opening == 0 and opening.dropped == 0
+        opening.go.set()
+        deadline = time.monotonic() + 10
+        while opening.dropped == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert opening.dropped == 1 and opening.dropped_while_opening == 0
+    finally:
+        opening.go.set()
+        wd.close(join=True)
