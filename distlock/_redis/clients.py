@@ -220,6 +220,29 @@ def twinnable(client: Any) -> bool:
     return _pool_of(client) is not None
 
 
+#: What makes a twin's commands fail at once, the caller deciding what to do next: redis-py's
+#: own retries sleep between attempts (an exponential backoff: seconds, against a server gone)
+#: where nothing can stop them.
+NO_RETRIES = {"retry_on_timeout": False, "retry_on_error": []}
+
+
+def listener(client: Any) -> Optional[Any]:
+    """A twin for the dispatcher's pub/sub connection: ``client``'s connection settings,
+    without retries (the dispatcher reconnects itself, and looks between two attempts whether
+    its session closed), on a pool of its own; None when the client cannot be twinned."""
+    pool = _pool_of(client)
+    sentinel = pool is None
+    if sentinel:
+        pool = _sentinel_pool_of(client)
+    if pool is None:
+        return None
+    overrides = {"retry": Retry(NoBackoff(), 0), **NO_RETRIES}
+    try:
+        return _sentinel_twin(pool, overrides) if sentinel else _twin(pool, overrides, True)
+    except (TypeError, ValueError):
+        return None
+
+
 def renewer(client: Any, timeout: float) -> Optional[Any]:
     """A twin for the watchdog (one thread: one connection) whose every command gives up after ``timeout``
     seconds (or the client's own, shorter, socket timeout), without retries; None when the
@@ -236,8 +259,7 @@ def renewer(client: Any, timeout: float) -> Optional[Any]:
         "socket_timeout": bound,
         "socket_connect_timeout": bound if connect is None else min(float(connect), bound),
         "retry": Retry(NoBackoff(), 0),
-        "retry_on_timeout": False,
-        "retry_on_error": [],
+        **NO_RETRIES,
     }
     try:
         if _pool_of(client) is None:

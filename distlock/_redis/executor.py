@@ -47,7 +47,7 @@ import redis
 from redis.commands.core import Script
 
 from .._core.settings import settings
-from .clients import DEFAULT_IO_TIMEOUT, renewer
+from .clients import DEFAULT_IO_TIMEOUT, listener, renewer
 from .direct import (
     HotLender,
     closed_idle,
@@ -331,8 +331,10 @@ class Executor:
             disconnect_quietly(current[1])
 
     def pubsub(self) -> Any:
-        """A new pub/sub connection (redis-py's PubSub) for the session's dispatcher."""
-        return self.client.pubsub()
+        """A new pub/sub connection (redis-py's PubSub) for the session's dispatcher, through a
+        twin of the client that never retries (``clients.listener``): the dispatcher does."""
+        twin = listener(self.client)
+        return (self.client if twin is None else twin).pubsub()
 
     def dispatcher(self, source: Callable[[], Any], tag: str) -> Any:
         """The session's dispatcher (``source`` is called for the executor to open pub/sub
