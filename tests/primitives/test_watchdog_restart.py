@@ -53,9 +53,12 @@ def test_an_exiting_watchdog_thread_leaves_the_next_ones_renewal_alone(
 
     def gated(*args: Any, **kwargs: Any) -> Any:
         """The next thread's first read on the watchdog's connection waits until the first
-        thread is gone (whatever it did to the connection on its way out)."""
+        thread is gone (whatever it did to the connection on its way out). Renewals are read
+        on the renewals worker, the same thread for both watchdog threads: a read is the next
+        thread's once the first one's loop is over (a renewal of the first hold, read before
+        that, would wait for a thread that cannot exit while it is in flight)."""
         conn = get_connection(*args, **kwargs)
-        if threading.current_thread() is not first_thread and not in_flight.is_set():
+        if exiting.is_set() and not in_flight.is_set():
             read = conn.read_response
 
             def read_once_the_first_is_gone(*a: Any, **kw: Any) -> Any:
