@@ -38,11 +38,9 @@ class Dispatcher(Board):
     exited idle).
     """
 
-    #: Off by default for now: CI found two faults with it on (a user's signal handler whose
-    #: exception a loan swallowed, fixed below; a pub/sub thread left in redis-py's reconnect
-    #: backoff after a connection reset during a loan, not yet understood). Its tests turn it
-    #: on (``Dispatcher.lends = True``).
-    lends = False
+    #: A sleeping waiter may borrow the connection (the topologies whose dispatcher reads a
+    #: translated or shared stream turn it off: ``pubsub_cluster``, ``pubsub_quorum``).
+    lends = True
 
     def __init__(self, executor: Callable[[], Any], tag: str) -> None:
         super().__init__()

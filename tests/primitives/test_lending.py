@@ -25,14 +25,6 @@ from distlock._session.session import session_for
 pytestmark = pytest.mark.real_redis
 
 
-@pytest.fixture(autouse=True)
-def _lending(monkeypatch: Any) -> None:
-    """Lending is off by default for now (``Dispatcher.lends``): these tests turn it on."""
-    from distlock._redis.dispatcher import Dispatcher
-
-    monkeypatch.setattr(Dispatcher, "lends", True)
-
-
 def _lender(client: Any) -> Any:
     return session_for(client).dispatcher._lender
 
@@ -204,6 +196,7 @@ def test_quorum_and_cluster_node_dispatchers_do_not_lend() -> None:
     from distlock._redis.pubsub_quorum import MasterDispatcher
 
     assert not MasterDispatcher.lends and not _NodeDispatcher.lends
+    assert Dispatcher.lends  # one server's and a Sentinel master's do, by default
     assert issubclass(MasterDispatcher, Dispatcher) and issubclass(_NodeDispatcher, Dispatcher)
 
 
