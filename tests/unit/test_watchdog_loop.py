@@ -4,9 +4,10 @@ flight. Counts over a bounded run are upper bounds: a slow machine only lowers t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any, Iterator, List
+from typing import Any, Iterator, List, Tuple
 
 import pytest
 
@@ -145,18 +146,29 @@ class _Opening(_Slow):
             self.dropped_while_opening += 1
 
 
-def test_the_watchdogs_connection_is_never_closed_while_it_is_being_opened() -> None:
-    """The thread exits idle (the one hold was released at once) while the renewals worker
-    is still opening the watchdog's connection: the worker closes it once it is open, the
-    thread does not close it under it."""
+@contextlib.contextmanager
+def _dropped_while_opening(tag: str) -> Iterator[Tuple[_Opening, Watchdog]]:
+    """A watchdog whose one hold was dropped while the renewals worker opens its connection
+    (the worker waits for ``opening.go``); closed and joined afterwards."""
     opening = _Opening()
-    wd = Watchdog(lambda: opening, "opening", lambda hold, cause: None)
+    wd = Watchdog(lambda: opening, tag, lambda hold, cause: None)
     try:
         hold = Hold(None, "k", "owner", token=1, count=1, watchdog=True, lease_ms=3000,
                     sent_at=time.monotonic(), renew=lambda batch, hold, ms: None)
         wd.add(hold)
         assert opening.opening.wait(10), "the worker never began to open the connection"
         wd.drop(hold)
+        yield opening, wd
+    finally:
+        opening.go.set()
+        wd.close(join=True)
+
+
+def test_the_watchdogs_connection_is_never_closed_while_it_is_being_opened() -> None:
+    """The thread exits idle (the one hold was released at once) while the renewals worker
+    is still opening the watchdog's connection: the worker closes it once it is open, the
+    thread does not close it under it."""
+    with _dropped_while_opening("opening") as (opening, wd):
         deadline = time.monotonic() + 10
         while wd.running and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -166,23 +178,13 @@ def test_the_watchdogs_connection_is_never_closed_while_it_is_being_opened() -> 
         wd.renewals.flush(10)
         assert opening.dropped == 1 and opening.dropped_while_opening == 0
         assert not wd._renewal_io
-    finally:
-        opening.go.set()
-        wd.close(join=True)
 
 
 def test_a_retired_sessions_watchdog_leaves_a_connection_being_opened_to_its_opener() -> None:
     """The session is retired (``close(join=False)``, the reaper's) while the renewals worker
     is opening the watchdog's connection: nothing closes it under the handshake; the worker
     closes it once it is open."""
-    opening = _Opening()
-    wd = Watchdog(lambda: opening, "retired", lambda hold, cause: None)
-    try:
-        hold = Hold(None, "k", "owner", token=1, count=1, watchdog=True, lease_ms=3000,
-                    sent_at=time.monotonic(), renew=lambda batch, hold, ms: None)
-        wd.add(hold)
-        assert opening.opening.wait(10), "the worker never began to open the connection"
-        wd.drop(hold)
+    with _dropped_while_opening("retired") as (opening, wd):
         wd.close(join=False)
         assert opening.dropped_while_opening == 0 and opening.dropped == 0
         opening.go.set()
@@ -190,6 +192,3 @@ def test_a_retired_sessions_watchdog_leaves_a_connection_being_opened_to_its_ope
         while opening.dropped == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert opening.dropped == 1 and opening.dropped_while_opening == 0
-    finally:
-        opening.go.set()
-        wd.close(join=True)
