@@ -484,6 +484,9 @@ def _after_fork_in_child() -> None:
         session.closed = True
         session.watchdog.closed = True
         session.dispatcher.closed = True
+        lender = getattr(session.dispatcher, "_lender", None)
+        if lender is not None:
+            lender.gone()  # the bell's sockets: this process' copies (the parent's stay open)
     _sessions.clear()
     _sessions_lock = threading.Lock()
 

@@ -10,8 +10,10 @@ dispatcher; the bell goes with the dispatcher thread.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import warnings
 from typing import Any, List
 
 import pytest
@@ -184,6 +186,43 @@ def test_the_bell_goes_with_the_dispatcher_thread(backend: Any, client: Any) -> 
         _until(lambda: not dispatcher.running, "the dispatcher thread exiting idle")
         assert dispatcher._lender._bell is None
         assert all(end.fileno() == -1 for end in bell)
+    finally:
+        other.close()
+
+
+def test_a_forked_child_closes_its_copy_of_the_bell(backend: Any, client: Any) -> None:
+    """A child forked while a thread borrows the connection drops the sessions it inherited,
+    and closes its copies of their bells' sockets; the parent's loan goes on, and ends with
+    the release as ever."""
+    other = backend.client()
+    try:
+        holder, t, results, lender = _borrowing(other, client, "lend:fork")
+        bell = lender._bell
+        assert bell is not None
+        read_fd, write_fd = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: handled here
+            pid = os.fork()
+        if pid == 0:  # the child: report, never return into pytest
+            code = 1
+            try:
+                closed = lender._bell is None and all(end.fileno() == -1 for end in bell)
+                os.write(write_fd, b"closed" if closed else b"open")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write_fd)
+        try:
+            _, status = os.waitpid(pid, 0)
+            report = os.read(read_fd, 100)
+        finally:
+            os.close(read_fd)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert report == b"closed"
+        assert all(end.fileno() != -1 for end in bell)  # the parent's own are untouched
+        holder.release()
+        t.join(40)
+        assert results == [True]
     finally:
         other.close()
 
