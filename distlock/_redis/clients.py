@@ -229,18 +229,37 @@ NO_RETRIES = {"retry_on_timeout": False, "retry_on_error": []}
 def listener(client: Any) -> Optional[Any]:
     """A twin for the dispatcher's pub/sub connection: ``client``'s connection settings,
     without retries (the dispatcher reconnects itself, and looks between two attempts whether
-    its session closed), on a pool of its own; None when the client cannot be twinned."""
+    its session closed), a connect bounded as the session's own I/O is, on a pool of its own
+    (``release_listener`` closes it); None when the client cannot be twinned."""
     pool = _pool_of(client)
     sentinel = pool is None
     if sentinel:
         pool = _sentinel_pool_of(client)
     if pool is None:
         return None
-    overrides = {"retry": Retry(NoBackoff(), 0), **NO_RETRIES}
+    # redis-py still reconnects once after a failure (its retries' callback), before it
+    # raises: against a server that drops packets, that connect must end too
+    connect = pool.connection_kwargs.get("socket_connect_timeout")
+    overrides = {"retry": Retry(NoBackoff(), 0), **NO_RETRIES, "socket_connect_timeout":
+                 DEFAULT_IO_TIMEOUT if connect is None else min(float(connect), DEFAULT_IO_TIMEOUT)}
     try:
-        return _sentinel_twin(pool, overrides) if sentinel else _twin(pool, overrides, True)
+        twin = _sentinel_twin(pool, overrides) if sentinel else _twin(pool, overrides, True)
     except (TypeError, ValueError):
         return None
+    twin.connection_pool.distlock_listener = True
+    return twin
+
+
+def release_listener(pubsub: Any) -> None:
+    """Close whatever ``pubsub``'s pool still has open when it is a ``listener``'s own: a read
+    that failed as the PubSub was being closed reconnects it (redis-py's retry callback), into
+    a pool the user's ``disconnect`` never reaches. A PubSub on the user's pool is left alone."""
+    pool: Any = getattr(pubsub, "connection_pool", None)
+    if getattr(pool, "distlock_listener", False):
+        try:
+            pool.disconnect()
+        except Exception:  # noqa: BLE001 - closing connections that may be broken already
+            pass
 
 
 def renewer(client: Any, timeout: float) -> Optional[Any]:

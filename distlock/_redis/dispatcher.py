@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import redis
 
 from .._core.settings import settings
+from .clients import release_listener
 from .lending import SOON, Lender
 from .pubsub import TICK, Board, Waiter
 
@@ -232,3 +233,4 @@ def _close_quietly(pubsub: Any) -> None:
         pubsub.close()
     except Exception:  # noqa: BLE001 - closing a connection that may already be broken
         pass
+    release_listener(pubsub)

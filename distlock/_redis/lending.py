@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, Optional, Tuple
 
+from .clients import release_listener
 from .direct import readable
 
 __all__ = ["Bell", "Lender", "SOON"]
@@ -211,8 +212,11 @@ class Lender:
                 if isinstance(event, Bell):
                     waiter.event = event.inner
                 wake = self.wanted or not self.parkable()
+                gone = board.closed or board._pubsub is not pubsub
             if wake:
                 self._unpark.set()
+            if gone:  # closed or replaced under this read, which may have reconnected it
+                release_listener(pubsub)
 
     def _wants_dispatcher(self) -> bool:
         with self._board.mutex:

@@ -370,10 +370,10 @@ _EXITING_IN_A_QUANTUM = textwrap.dedent("""
     import sys, time, redis
     import distlock
     from distlock._core import shares
-    from distlock._primitives import lock_base
+    from distlock._primitives import lock_wait
     from distlock._primitives.lock_reach import session_of
     # no nudge comes due while the process lives: only its exit can send one
-    shares.NUDGE_AFTER = lock_base.NUDGE_AFTER = 600.0
+    shares.NUDGE_AFTER = lock_wait.NUDGE_AFTER = 600.0
     distlock.configure(lease=600.0)  # the waiter's bound is its wait cap, not this lease
     kind, how = sys.argv[2], sys.argv[3]
     lock = getattr(distlock, kind)("exit-nudge", client=redis.Redis.from_url(sys.argv[1]))
