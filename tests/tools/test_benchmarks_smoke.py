@@ -66,7 +66,7 @@ def test_bench_asyncio_quick_prints_every_figure() -> None:
                    "contended lost updates", "waiting 20 tasks: connections",
                    "waiting 20 tasks: commands/s"):
         assert figure in out, out
-    for label in ("DistLock", "DistRLock", "redis-py asyncio Lock", "pottery AIORedlock"):
+    for label in ("DistLock", "DistLock fair", "DistRLock", "redis-py asyncio Lock", "pottery AIORedlock"):
         assert label in out, out
 
 
