@@ -191,4 +191,5 @@ def test_a_retired_sessions_watchdog_leaves_a_connection_being_opened_to_its_ope
         deadline = time.monotonic() + 10
         while opening.dropped == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert opening.dropped == 1 and opening.dropped_while_opening == 0
+        # closed once it is open; the exiting thread may close it again (nothing left then)
+        assert opening.dropped >= 1 and opening.dropped_while_opening == 0
