@@ -41,7 +41,8 @@ from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 from .._core.settings import settings
 from .hold import Hold
-from .renewal import check_round, give_back_lost, refused, renew_round
+from .renewal import give_back_lost, renew_round
+from .renewer import OwnConnection
 from .wakeup import Wakeup
 from .worker import Worker
 
@@ -56,7 +57,7 @@ IDLE_EXIT = 0.2
 TICK = 0.1
 
 
-class Watchdog:
+class Watchdog(OwnConnection):
     """The registry of a session's holds and the thread that renews the watchdog ones.
 
     ``executor`` is called for the executor to renew through (its ``renewal_batch``);
@@ -89,11 +90,9 @@ class Watchdog:
         self._round_ended: Optional[Tuple[float, Optional[float]]] = None
         #: set by ``suspend``: a round is due at once, to confirm or lose the suspended holds
         self._confirm = False
-        #: the watchdog's own connection was asked to open (``add``); dropped with it
-        self._renewal_open = False
-        #: a job on ``renewals`` is using that connection: it is closed by that job when it
-        #: ends (``_drop_if_stale``), never under it (see ``_drop_renewer``)
-        self._renewal_io = False
+        # the watchdog's own connection (``renewer.OwnConnection``)
+        self._renewal_open = self._renewal_io = False
+        self._io_executor = None
         self._idle = False  # the thread is sleeping out its idle time (set under the mutex)
         #: when the thread's current wait ends (time.monotonic()); infinity while it is not
         #: waiting (it looks at everything before its next wait): work due no sooner than this
@@ -115,46 +114,6 @@ class Watchdog:
             self._renewal_open = True
         if opening:  # once per watchdog connection, not per hold: off the caller's path
             self.renewals.submit(self._open_renewal)
-
-    def _open_renewal(self) -> None:
-        with self.mutex:
-            if self.closed or not self._renewal_open:
-                return  # dropped before this job ran (the thread went idle, or the session closed)
-            self._renewal_io = True
-        try:
-            made = self._executor().open_renewal()
-            if made:
-                self._witness(time.monotonic())  # once it is open: see _witness
-                self._kick.set()  # the thread's wait takes the new socket in
-        except Exception as exc:  # noqa: BLE001 - the first renewal connects it anyway
-            log.debug("distlock: could not open the watchdog's connection: %r", exc)
-            if refused(exc):  # the server that granted the holds may be gone (a restart)
-                self.suspend(f"the watchdog could not connect to the server ({exc!r})")
-        finally:
-            self._drop_if_stale()
-
-    def _witness(self, opening: float) -> None:
-        """The watchdog's own connection is open, as of ``opening`` (time.monotonic(), read
-        once it was made): a FIN on it tells of its server's restart from now on. A hold sent
-        before ``opening`` may have been granted by a server that restarted, empty, before the
-        connection was made (or while it was being made), which nothing would tell: one read
-        on this connection (``renewal.check_round``, which writes nothing) confirms it or reports it lost."""
-        # grants only (a lock's hold, a permit: what tells its primitives of a loss). A waiter's
-        # lease (a barrier's, a condition's) may be gone by right: the barrier tripped, the
-        # last waiter was notified; its renewal says it has no loss to report, and so does this
-        holds = [h for h in list(self.holds.values())
-                 if not h.lost and h.notify is not None and h.sent_at <= opening]
-        if holds:
-            check_round(self, holds)
-
-    def _drop_if_stale(self) -> None:
-        """The end of a renewals job's I/O on the watchdog's connection: close it if it was
-        dropped meanwhile (the thread exited idle, or the session was retired while the
-        connection was being opened or used), so that no connection outlives its watchdog."""
-        with self.mutex:
-            self._renewal_io = False
-            if self.closed or not self._renewal_open:
-                self._drop_renewer()
 
     def drop(self, hold: Hold) -> bool:
         """Forget ``hold``; return True when no hold is left."""
@@ -401,7 +360,7 @@ class Watchdog:
         """One renewal round, on the ``renewals`` worker; its end wakes the watchdog thread."""
         result: Optional[float] = min(1.0, settings().renew_interval)
         with self.mutex:
-            self._renewal_io = True
+            self._begin_io()
         try:
             result = self.renew_all()
         except BaseException:  # noqa: BLE001 - nothing may stop the renewals
@@ -492,19 +451,6 @@ class Watchdog:
         for hold in holds:
             if now >= hold.expires_at:
                 self._on_lost(hold, cause if error is None else f"{cause} ({error!r})")
-
-    def _drop_renewer(self, under_io: bool = False) -> None:
-        """Close the watchdog's connection, unless a renewals job is using it (``under_io``:
-        all the same). That job closes it as it ends: closed under it by another thread, a
-        connection redis-py is opening goes on with a new socket, then waits its whole timeout
-        for a handshake reply sent on the old one, and the renewals thread with it."""
-        self._renewal_open = False
-        if self._renewal_io and not under_io:
-            return
-        try:
-            self._executor().drop_renewal()
-        except Exception:  # noqa: BLE001 - the session is gone: so is its connection
-            pass
 
     def close(self, join: bool) -> None:
         self.closed = True

@@ -132,6 +132,7 @@ class _Opening(_Slow):
         self.opening = threading.Event()
         self.dropped_while_opening = 0
         self.dropped = 0
+        self.gone = False
 
     def open_renewal(self) -> bool:
         self.opening.set()
@@ -149,9 +150,16 @@ class _Opening(_Slow):
 @contextlib.contextmanager
 def _dropped_while_opening(tag: str) -> Iterator[Tuple[_Opening, Watchdog]]:
     """A watchdog whose one hold was dropped while the renewals worker opens its connection
-    (the worker waits for ``opening.go``); closed and joined afterwards."""
+    (the worker waits for ``opening.go``); closed and joined afterwards. Its executor source
+    raises, as the session's does once the session is collected, after ``opening.gone``."""
     opening = _Opening()
-    wd = Watchdog(lambda: opening, tag, lambda hold, cause: None)
+
+    def source() -> _Opening:
+        if opening.gone:
+            raise RuntimeError("distlock: the session was retired")
+        return opening
+
+    wd = Watchdog(source, tag, lambda hold, cause: None)
     try:
         hold = Hold(None, "k", "owner", token=1, count=1, watchdog=True, lease_ms=3000,
                     sent_at=time.monotonic(), renew=lambda batch, hold, ms: None)
@@ -192,4 +200,18 @@ def test_a_retired_sessions_watchdog_leaves_a_connection_being_opened_to_its_ope
         while opening.dropped == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         # closed once it is open; the exiting thread may close it again (nothing left then)
+        assert opening.dropped >= 1 and opening.dropped_while_opening == 0
+
+
+def test_a_collected_sessions_watchdog_connection_is_closed_by_its_opener() -> None:
+    """As above, and the retired session is collected before the connection is open (its
+    executor can no longer be asked for): the opener closes it through the executor it
+    started with, rather than leave it to the collector."""
+    with _dropped_while_opening("collected") as (opening, wd):
+        wd.close(join=False)
+        opening.gone = True
+        opening.go.set()
+        deadline = time.monotonic() + 10
+        while opening.dropped == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert opening.dropped >= 1 and opening.dropped_while_opening == 0
