@@ -67,10 +67,13 @@ class LockHandle:
     - ``release()``;
     - ``acquire_default()``: the library's own ``acquire()`` with its defaults (what the
       uncontended figure times, with no adapter in between);
-    - ``obj``: the library's lock object itself.
+    - ``obj``: the library's lock object itself;
+    - ``acquired_at``: None, or set by ``acquire`` to when the library's own ``acquire()``
+      returned, where that comes before ``acquire`` itself returns (an async lock behind a
+      blocking facade: in its task, before the event loop it runs on has stopped).
     """
 
-    __slots__ = ("acquire", "release", "acquire_default", "obj")
+    __slots__ = ("acquire", "release", "acquire_default", "obj", "acquired_at")
 
     def __init__(self, acquire: Callable[[float], bool], release: Callable[[], object],
                  acquire_default: Optional[Callable[[], object]] = None, obj: object = None) -> None:
@@ -78,6 +81,7 @@ class LockHandle:
         self.release = release
         self.acquire_default = acquire_default if acquire_default is not None else (lambda: acquire(60.0))
         self.obj = obj
+        self.acquired_at: Optional[float] = None
 
 
 LockFactory = Callable[["redis.Redis[Any]", str], LockHandle]
@@ -394,8 +398,9 @@ def _handoff_waiter(url: str, factory: LockFactory, name: str, acquire_timeout: 
             if _next_command(conn) != "go":
                 return
             conn.send("waiting")
+            lock.acquired_at = None
             ok = lock.acquire(acquire_timeout)
-            t1 = time.monotonic()
+            t1 = time.monotonic() if lock.acquired_at is None else lock.acquired_at
             if ok:
                 lock.release()
             conn.send((ok, t1))

@@ -172,8 +172,17 @@ class Blocking:
 
     def __call__(self, client: Any, name: str) -> C.LockHandle:
         lock = self.afactory(aclient_for(client), name)
-        return C.LockHandle(lambda t: bool(run(lambda: lock.acquire(t))), lambda: run(lock.release),
-                            lambda: run(lock.acquire_default), lock)
+
+        async def acquire(timeout: float) -> bool:
+            ok = bool(await lock.acquire(timeout))
+            # what a task that awaits acquire() sees: the hand-off figure's stamp is this one,
+            # not the loop's stop after it (which first runs whatever else is ready)
+            handle.acquired_at = time.monotonic()
+            return ok
+
+        handle = C.LockHandle(lambda t: bool(run(lambda: acquire(t))), lambda: run(lock.release),
+                              lambda: run(lock.acquire_default), lock)
+        return handle
 
 
 def a_distlock(aclient: Any, name: str) -> ALock:

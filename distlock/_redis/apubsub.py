@@ -129,6 +129,8 @@ class AsyncDispatcher(Board):
                 try:
                     if message is not None:
                         self._handle(message)
+                        # the task it woke runs first: the reader's next read can wait
+                        await asyncio.sleep(0)
                     names, done = self._drop_idle()
                     if done:
                         return  # nothing left to wait on: the task and its connection go
