@@ -13,10 +13,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-import warnings
 from typing import Any, List
 
 import pytest
+from _procs import in_forked_child
 
 import distlock
 from distlock import DistLock
@@ -199,26 +199,11 @@ def test_a_forked_child_closes_its_copy_of_the_bell(backend: Any, client: Any) -
         holder, t, results, lender = _borrowing(other, client, "lend:fork")
         bell = lender._bell
         assert bell is not None
-        read_fd, write_fd = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: handled here
-            pid = os.fork()
-        if pid == 0:  # the child: report, never return into pytest
-            code = 1
-            try:
-                closed = lender._bell is None and all(end.fileno() == -1 for end in bell)
-                os.write(write_fd, b"closed" if closed else b"open")
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write_fd)
-        try:
-            _, status = os.waitpid(pid, 0)
-            report = os.read(read_fd, 100)
-        finally:
-            os.close(read_fd)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
-        assert report == b"closed"
+        status, report = in_forked_child(
+            lambda: "closed" if lender._bell is None and all(end.fileno() == -1 for end in bell)
+            else "open")
+        assert status == 0
+        assert report == "closed"
         assert all(end.fileno() != -1 for end in bell)  # the parent's own are untouched
         holder.release()
         t.join(40)
@@ -242,7 +227,6 @@ def test_quorum_and_cluster_node_dispatchers_do_not_lend() -> None:
 def test_the_wait_sees_sockets_past_selects_limit() -> None:
     """A process may have more than select()'s 1024 file descriptors: the borrower's wait
     (``direct.readable``: poll where there is one) still sees a socket numbered past it."""
-    import os
     import resource
     import socket
 
@@ -270,7 +254,6 @@ class _Interrupted(Exception):
 def test_a_signal_handlers_exception_ends_the_borrowers_wait(backend: Any, client: Any) -> None:
     """The main thread borrows the connection and a signal comes: what its handler raises
     leaves ``acquire()`` (``distlock run --leader`` ends this way), not swallowed by the loan."""
-    import os
     import signal
 
     if threading.current_thread() is not threading.main_thread():

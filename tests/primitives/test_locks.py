@@ -10,12 +10,12 @@ import os
 import signal
 import threading
 import time
-import warnings
 from typing import Any, List
 
 import _workers
 import pytest
 import redis
+from _procs import in_forked_child
 from _support import renewals_seen
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -219,32 +219,20 @@ def test_tokens_increase_across_server_restart(backend: Any, client: Any) -> Non
 def test_forked_child_owns_nothing(client: Any, cls: Any) -> None:
     lock = cls("forked", client=client)
     lock.acquire()
-    read_fd, write_fd = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: handled here
-        pid = os.fork()
-    if pid == 0:  # the child: report, never return into pytest
-        code = 1
+
+    def child() -> str:
+        results = [lock.owned(), lock.token is None]
         try:
-            results = [lock.owned(), lock.token is None]
-            try:
-                lock.release()
-                results.append("released")
-            except LockNotOwnedError:
-                results.append("refused")
-            own = cls("forked-child", client=client)
-            results.append(own.acquire(timeout=10))
-            own.release()
-            os.write(write_fd, repr(results).encode())
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write_fd)
-    try:
-        _, status = os.waitpid(pid, 0)
-        report = os.read(read_fd, 1000).decode()
-    finally:
-        os.close(read_fd)
+            lock.release()
+            results.append("released")
+        except LockNotOwnedError:
+            results.append("refused")
+        own = cls("forked-child", client=client)
+        results.append(own.acquire(timeout=10))
+        own.release()
+        return repr(results)
+
+    status, report = in_forked_child(child)
     assert status == 0
     assert report == repr([False, True, "refused", True])
     assert lock.owned() and lock.locked()

@@ -4,7 +4,9 @@ pipes, always joined (and killed if they linger) by the ``children`` fixture in 
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any, Callable, List
+import os
+import warnings
+from typing import Any, Callable, List, Tuple
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -39,3 +41,26 @@ def recv(conn: Any, timeout: float = 60.0) -> Any:
     """The next message from a child, or a failed assertion after ``timeout`` seconds."""
     assert conn.poll(timeout), f"no message within {timeout} s"
     return conn.recv()
+
+
+def in_forked_child(body: Callable[[], str]) -> Tuple[int, str]:
+    """Run ``body`` in a child made by ``os.fork()`` (this process' threads are not copied:
+    what a user's fork does) and return the child's exit status and what ``body`` returned.
+    The child never returns into pytest: it leaves with ``os._exit``."""
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads: what is tested
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.write(write_fd, body().encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    try:
+        _, status = os.waitpid(pid, 0)
+        return status, os.read(read_fd, 4096).decode()
+    finally:
+        os.close(read_fd)
