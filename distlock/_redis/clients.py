@@ -27,7 +27,7 @@ connects and follows a failover. How commands are sent is the executor's busines
 from __future__ import annotations
 
 import sys
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import redis
 from redis.backoff import NoBackoff
@@ -226,27 +226,40 @@ def twinnable(client: Any) -> bool:
 NO_RETRIES = {"retry_on_timeout": False, "retry_on_error": []}
 
 
-def listener(client: Any) -> Optional[Any]:
-    """A twin for the dispatcher's pub/sub connection: ``client``'s connection settings,
-    without retries (the dispatcher reconnects itself, and looks between two attempts whether
-    its session closed), a connect bounded as the session's own I/O is, on a pool of its own
-    (``release_listener`` closes it); None when the client cannot be twinned."""
+def _quiet_twin(client: Any, bounds: Callable[[Dict[str, Any]], Dict[str, Any]]) -> Optional[Any]:
+    """A twin of ``client`` (a plain or a Sentinel master client) on a pool of its own, without
+    retries, its timeouts set by ``bounds(the client's connection settings)``; None when the
+    client cannot be twinned. What ``listener`` and ``renewer`` share."""
     pool = _pool_of(client)
     sentinel = pool is None
     if sentinel:
         pool = _sentinel_pool_of(client)
     if pool is None:
         return None
-    # redis-py still reconnects once after a failure (its retries' callback), before it
-    # raises: against a server that drops packets, that connect must end too
-    connect = pool.connection_kwargs.get("socket_connect_timeout")
-    overrides = {"retry": Retry(NoBackoff(), 0), **NO_RETRIES, "socket_connect_timeout":
-                 DEFAULT_IO_TIMEOUT if connect is None else min(float(connect), DEFAULT_IO_TIMEOUT)}
+    overrides = {"retry": Retry(NoBackoff(), 0), **NO_RETRIES, **bounds(pool.connection_kwargs)}
     try:
-        twin = _sentinel_twin(pool, overrides) if sentinel else _twin(pool, overrides, True)
+        return _sentinel_twin(pool, overrides) if sentinel else _twin(pool, overrides, True)
     except (TypeError, ValueError):
         return None
-    twin.connection_pool.distlock_listener = True
+
+
+def _at_most(kwargs: Dict[str, Any], name: str, bound: float) -> float:
+    """The client's own ``name`` timeout, or ``bound`` when it has none or a longer one."""
+    own = kwargs.get(name)
+    return bound if own is None else min(float(own), bound)
+
+
+def listener(client: Any) -> Optional[Any]:
+    """A twin for the dispatcher's pub/sub connection: ``client``'s connection settings,
+    without retries (the dispatcher reconnects itself, and looks between two attempts whether
+    its session closed), a connect bounded as the session's own I/O is, on a pool of its own
+    (``release_listener`` closes it); None when the client cannot be twinned."""
+    # redis-py still reconnects once after a failure (its retries' callback), before it
+    # raises: against a server that drops packets, that connect must end too
+    twin = _quiet_twin(client, lambda kw: {
+        "socket_connect_timeout": _at_most(kw, "socket_connect_timeout", DEFAULT_IO_TIMEOUT)})
+    if twin is not None:
+        twin.connection_pool.distlock_listener = True
     return twin
 
 
@@ -266,26 +279,11 @@ def renewer(client: Any, timeout: float) -> Optional[Any]:
     """A twin for the watchdog (one thread: one connection) whose every command gives up after ``timeout``
     seconds (or the client's own, shorter, socket timeout), without retries; None when the
     client cannot be twinned."""
-    pool = _pool_of(client)
-    if pool is None:
-        pool = _sentinel_pool_of(client)
-    if pool is None:
-        return None
-    own = pool.connection_kwargs.get("socket_timeout")
-    bound = timeout if own is None else min(float(own), timeout)
-    connect = pool.connection_kwargs.get("socket_connect_timeout")
-    overrides = {
-        "socket_timeout": bound,
-        "socket_connect_timeout": bound if connect is None else min(float(connect), bound),
-        "retry": Retry(NoBackoff(), 0),
-        **NO_RETRIES,
-    }
-    try:
-        if _pool_of(client) is None:
-            return _sentinel_twin(pool, overrides)
-        return _twin(pool, overrides, True)
-    except (TypeError, ValueError):
-        return None
+    def bounds(kw: Dict[str, Any]) -> Dict[str, Any]:
+        bound = _at_most(kw, "socket_timeout", timeout)
+        return {"socket_timeout": bound,
+                "socket_connect_timeout": _at_most(kw, "socket_connect_timeout", bound)}
+    return _quiet_twin(client, bounds)
 
 
 #: The connection settings that make two clients "the same server as the same user": clients
