@@ -489,6 +489,10 @@ def _after_fork_in_child() -> None:
             lender.gone()  # the bell's sockets: this process' copies (the parent's stay open)
     _sessions.clear()
     _sessions_lock = threading.Lock()
+    # Nor is the parent's reaper here: a session this process retires needs a reaper of its
+    # own, which a flag copied while the parent's was on its way would never start.
+    _pending.clear()
+    _reaping[0] = False
 
 
 if hasattr(os, "register_at_fork"):

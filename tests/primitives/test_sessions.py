@@ -20,6 +20,7 @@ from typing import Any, Dict, List
 
 import pytest
 import redis
+from _procs import in_forked_child
 from _support import collect_garbage, settle, stacks
 
 from distlock import DistLock, DistRLock
@@ -235,3 +236,35 @@ def test_the_reaper_retires_a_session_and_exits(backend: Any) -> None:
         admin.delete("distlock:{reaper-check}:fence")
     finally:
         admin.close()
+
+
+@pytest.mark.real_redis
+def test_a_child_forked_while_the_reaper_is_on_its_way_retires_its_own_sessions(
+        url: str, client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork copies the flag that says a reaper is on its way, but not the reaper thread: the
+    child must still retire a session whose last client it dropped."""
+    from distlock._session import session as module
+
+    monkeypatch.setattr(module, "RETIRE_AFTER", 3.0)  # the parent's reaper waits: a wide window
+    made = redis.Redis.from_url(url)
+    with DistLock("fork-reaper:parent", client=made):
+        pass
+    del made
+    collect_garbage()
+    assert module._reaping[0], "no reaper on its way: the test proves nothing"
+
+    def child() -> str:
+        own = redis.Redis.from_url(url)
+        with DistLock("fork-reaper:child", client=own):
+            pass
+        [session] = all_sessions()  # the parent's are not this process'
+        del own
+        collect_garbage()
+        deadline = time.monotonic() + 20.0
+        while not session.closed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return repr([session.closed, len(all_sessions())])
+
+    status, report = in_forked_child(child)
+    assert status == 0
+    assert report == repr([True, 0]), "the child never retired its session"
