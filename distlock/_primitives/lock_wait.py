@@ -137,9 +137,8 @@ class _LockWaiting(Waiting):
             return outcome
         self.took = outcome.token  # before it leaves its queue: see ``_hand``
         lock._grant(session, owner, outcome.token, count, watchdog, ms, sent_at)
-        limit = settings().barge_limit
-        if lock._shares and limit < math.inf:  # a quantum starts (_shares)
-            session.runs.start(lock._keys.lock, sent_at, quantum(limit, waiter.channel.turns))
+        if lock._shares:
+            _quantum_starts(lock, session, sent_at, waiter.channel.turns)
         return outcome
 
     def abandon(self) -> Flow[None]:
@@ -176,10 +175,8 @@ class _LockWaiting(Waiting):
         token, lease, turns, number = yielded_grant(waiter.payload)
         hold = lock._grant(session, owner, token, count, watchdog, lease,
                            self._tries.believed_from(number, lease))
-        limit = settings().barge_limit
-        if limit < math.inf:
+        if _quantum_starts(lock, session, time.monotonic(), turns):
             waiter.channel.turns = turns
-            session.runs.start(lock._keys.lock, time.monotonic(), quantum(limit, turns))
         yield from settle_handed(lock, session, hold, ms, hold.valid_for() * 1000.0 > lease / 2)
         return True
 
@@ -252,6 +249,16 @@ def default_release(lock: WaitingLock, hold: Hold, count: int) -> Flow[int]:
         # first, the next waiter is woken soon (_shares)
         hold.session.defer_at(now + NUDGE_AFTER, functools.partial(_nudge, keys, hold.session))
     return left
+
+
+def _quantum_starts(lock: WaitingLock, session: Session, at: float, turns: int) -> bool:
+    """A grant to a wait of this process starts its quantum (``_core.shares``) at ``at``, its
+    length barge_limit shared among ``turns`` processes; False when the yield rule is off."""
+    limit = settings().barge_limit
+    if limit == math.inf:
+        return False
+    session.runs.start(lock._keys.lock, at, quantum(limit, turns))
+    return True
 
 
 def _hand(keys: Keys, taker: Any, token: int, sent_at: float) -> Flow[None]:

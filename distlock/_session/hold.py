@@ -116,10 +116,15 @@ class Hold:
         self.alarms.append((self.sent_at + seconds, callback))
         self.alarms.sort(key=lambda alarm: alarm[0])
 
+    def ends_at(self) -> float:
+        """When belief in the hold ends unless it is renewed first (time.monotonic()): its
+        local deadline, or its cap if that comes first."""
+        return min(self.expires_at, self.cap_at)
+
     def due(self) -> float:
         """The earliest time the watchdog must look at the hold: its local deadline, its cap,
         or its first ``on_long_hold`` alarm."""
-        due = min(self.expires_at, self.cap_at)
+        due = self.ends_at()
         return min(due, self.alarms[0][0]) if self.alarms else due
 
     def end_cause(self, now: float) -> str:
@@ -137,7 +142,7 @@ class Hold:
         watchdog's idle connection (``Watchdog.look_for_reset``) suspends the hold here if its
         server has closed it since the watchdog thread last looked."""
         now = time.monotonic()
-        if self.lost or self.suspended or now >= self.expires_at or now >= self.cap_at:
+        if self.lost or self.suspended or now >= self.ends_at():
             return False
         self.session.watchdog.look_for_reset()
         return not self.lost and not self.suspended
@@ -145,11 +150,11 @@ class Hold:
     def valid_for_if_confirmed(self) -> float:
         """``valid_for`` as it would be were the hold not suspended (what a confirmation may
         renew a fixed lease to)."""
-        return 0.0 if self.lost else max(0.0, min(self.expires_at, self.cap_at) - time.monotonic())
+        return 0.0 if self.lost else max(0.0, self.ends_at() - time.monotonic())
 
     def valid_for(self) -> float:
         """Seconds for which the hold is still known to be valid (0.0 once it is not believed).
         No round trip."""
         if not self.believed():
             return 0.0
-        return max(0.0, min(self.expires_at, self.cap_at) - time.monotonic())
+        return max(0.0, self.ends_at() - time.monotonic())

@@ -27,7 +27,7 @@ def live_holds() -> List[Dict[str, Any]]:
             if meter is None or not granted_at:
                 continue
             believed = (not hold.lost and not hold.suspended
-                        and now < min(hold.expires_at, hold.cap_at))
+                        and now < hold.ends_at())
             holds.append({"kind": meter.kind, "group": meter.series.group, "name": meter.name,
                           "token": hold.token, "age": max(0.0, now - granted_at),
                           "believed": believed})

@@ -184,7 +184,7 @@ class Session:
         reported lost here and now (as the watchdog thread does at the deadline), so that a release just
         after the deadline sees the loss whichever thread runs first."""
         now = time.monotonic()
-        if not hold.lost and not hold.releasing and now >= min(hold.expires_at, hold.cap_at):
+        if not hold.lost and not hold.releasing and now >= hold.ends_at():
             hold.ran_out = True
             self.mark_lost(hold, hold.end_cause(now))
         return hold.lost

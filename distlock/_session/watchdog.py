@@ -384,7 +384,7 @@ class Watchdog(OwnConnection):
                     hold.alarms.pop(0)[1]()
                 except Exception:  # noqa: BLE001 - a callback must not kill the watchdog
                     log.exception("distlock: on_long_hold callback failed")
-            if now < min(hold.expires_at, hold.cap_at):
+            if now < hold.ends_at():
                 continue
             hold.ran_out = True
             self._on_lost(hold, hold.end_cause(now))
