@@ -330,7 +330,7 @@ class AsyncPort:
                 if not self._checking:
                     self._checking = True
                     asyncio.get_running_loop().call_later(self._io_bound / 4, _overdue, weakref.ref(self))
-            await conn.send_packed_command(packed)
+            await awrite(conn, packed)
             if pair:
                 return await aread_pair(conn)
             return await conn.read_response()
@@ -456,6 +456,25 @@ async def aread_pair(conn: Any) -> Tuple[Any, Any]:
     if isinstance(first, Exception):
         raise first
     return first, second
+
+
+async def awrite(conn: Any, packed: List[bytes]) -> None:
+    """Write ``packed`` on ``conn`` as redis-py's ``send_packed_command`` does, without its
+    ``asyncio.wait_for``: with a socket timeout (redis-py 8's default), that runs each write in
+    a task of its own, one more loop turn and a timer per script, where the port bounds the
+    whole exchange already (``_check_overdue``). A connection with no stream writer (not
+    connected, or not redis-py's kind) goes through ``send_packed_command``."""
+    writer = getattr(conn, "_writer", None)
+    if writer is None or not hasattr(writer, "writelines"):
+        await conn.send_packed_command(packed)
+        return
+    if writer.transport.is_closing():
+        raise redis.exceptions.ConnectionError("the connection was closed before the script was written")
+    try:
+        writer.writelines(packed)
+        await writer.drain()
+    except OSError as exc:
+        raise redis.exceptions.ConnectionError(f"error while writing the script: {exc!r}") from exc
 
 
 def _overdue(ref: weakref.ref[AsyncPort]) -> None:
