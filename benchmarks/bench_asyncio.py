@@ -67,6 +67,8 @@ except Exception as exc:  # noqa: BLE001 - pragma: no cover - reported in its ro
 
 FIGURES = ("floor", "uncontended", "handoff", "contended", "waiting")
 REDIS_PY = "redis-py asyncio Lock"
+#: the uncontended figure's DistLock on a client made with redis-py's defaults
+DEFAULTS = "DistLock, default client"
 FLOOR = "floor"
 
 
@@ -74,6 +76,7 @@ FLOOR = "floor"
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _aclients: Dict[Tuple[Any, ...], Any] = {}
+_defaults: List[Any] = []  # default_aclient's
 
 
 def loop() -> asyncio.AbstractEventLoop:
@@ -117,6 +120,17 @@ def aclient_for(client: Any) -> Any:
     return found
 
 
+def default_aclient(client: Any) -> Any:
+    """A ``redis.asyncio`` client of the same server with redis-py's defaults (its socket
+    timeout included), closed by ``shutdown``."""
+    kw = client.connection_pool.connection_kwargs
+    loop()
+    made = aredis.Redis(host=kw.get("host"), port=kw.get("port"), db=kw.get("db", 0),
+                        client_name=kw.get("client_name"))
+    _defaults.append(made)
+    return made
+
+
 def shutdown() -> None:
     """Close this process' async clients and loop (what is left running is cancelled)."""
     global _loop
@@ -124,7 +138,7 @@ def shutdown() -> None:
     if lp is None or lp.is_closed():
         return
     try:
-        for client in list(_aclients.values()):
+        for client in [*_aclients.values(), *_defaults]:
             with contextlib.suppress(Exception):
                 lp.run_until_complete(client.aclose())
         tasks = [t for t in asyncio.all_tasks(lp) if not t.done()]
@@ -135,6 +149,7 @@ def shutdown() -> None:
                 lp.run_until_complete(asyncio.wait(tasks, timeout=5.0))
     finally:
         _aclients.clear()
+        _defaults.clear()
         lp.close()
         _loop = None
 
@@ -345,6 +360,11 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
             ops[impl.label] = batch_of(impl.afactory(aclient, f"bench:async:uncontended:{impl.key}"))
             if impl.ours:
                 ours.append(impl.label)
+        # and on a client made with redis-py's defaults, as most users' are: redis-py 8's has a
+        # 5 s socket timeout, which its own commands (the floor's) pay for with asyncio.wait_for
+        defaults = default_aclient(ctx.client)
+        ops[DEFAULTS] = batch_of(a_distlock(defaults, "bench:async:uncontended:defaults"))
+        ours.append(DEFAULTS)
     C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
     cpu: Dict[str, List[float]] = {}
     with C.pinned(ctx.client) as pin:
