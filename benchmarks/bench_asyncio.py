@@ -70,6 +70,8 @@ REDIS_PY = "redis-py asyncio Lock"
 #: the uncontended figure's DistLock on a client made with redis-py's defaults
 DEFAULTS = "DistLock, default client"
 FLOOR = "floor"
+#: the floor on that client: its two EVALSHA pay redis-py's asyncio.wait_for per write
+FLOOR_DEFAULTS = "floor, default client"
 
 
 # --- one event loop and one redis.asyncio client per process ------------------------------------
@@ -363,6 +365,13 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
         # and on a client made with redis-py's defaults, as most users' are: redis-py 8's has a
         # 5 s socket timeout, which its own commands (the floor's) pay for with asyncio.wait_for
         defaults = default_aclient(ctx.client)
+
+        async def floor_defaults() -> None:
+            for _ in range(k.ops):
+                await defaults.evalsha(sha, 0)
+                await defaults.evalsha(sha, 0)
+
+        ops[FLOOR_DEFAULTS] = lambda: run(floor_defaults)
         ops[DEFAULTS] = batch_of(a_distlock(defaults, "bench:async:uncontended:defaults"))
         ours.append(DEFAULTS)
     C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
@@ -381,11 +390,20 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
                  note=f"median of {len(floor)} rounds x {k.ops}; min {min(floor):.0f}; {pin}; "
                       f"{calls[FLOOR].replace('per op', 'per pair')}",
                  data={"per_round_us": floor})]
+    if FLOOR_DEFAULTS in per_round:
+        out.append(C.Row("floor", "2 x EVALSHA, default client", C.median(per_round[FLOOR_DEFAULTS]),
+                         "µs/pair", C.median(vs_floor[FLOOR_DEFAULTS]),
+                         note=f"the same on a client with redis-py's defaults (a socket timeout); "
+                              f"ratio IQR {_iqr(vs_floor[FLOOR_DEFAULTS])}",
+                         data={"per_round_us": per_round[FLOOR_DEFAULTS]}))
     for label, values in per_round.items():
-        if label == FLOOR:
+        if label in (FLOOR, FLOOR_DEFAULTS):
             continue
         ratio = C.median(vs_floor[label])
         note = f"ratio IQR {_iqr(vs_floor[label])}; {calls[label]}"
+        if label == DEFAULTS and FLOOR_DEFAULTS in per_round:
+            same = C.median(C.per_round_ratios(per_round, FLOOR_DEFAULTS)[label])
+            note = f"{same:.2f}x the floor on the same client; " + note
         if label in ours:
             note = f"target <= 1.15x floor: {_verdict(ratio <= 1.15)}; " + note
         out.append(C.Row("uncontended acquire+release", label, C.median(values), "µs/op", ratio,
