@@ -337,10 +337,14 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
     aclient = aclient_for(ctx.client)
     sha = run(lambda: aclient.script_load("return 1"))
 
-    async def floor_batch() -> None:
-        for _ in range(k.ops):
-            await aclient.evalsha(sha, 0)
-            await aclient.evalsha(sha, 0)
+    def floor_on(on: Any) -> Callable[[], None]:
+        """The floor's batch on client ``on``: two ``EVALSHA`` of ``return 1`` per op."""
+        async def batch() -> None:
+            for _ in range(k.ops):
+                await on.evalsha(sha, 0)
+                await on.evalsha(sha, 0)
+
+        return lambda: run(batch)
 
     def batch_of(lock: ALock) -> Callable[[], None]:
         async def go() -> None:
@@ -350,7 +354,7 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
 
         return lambda: run(go)
 
-    ops: Dict[str, Callable[[], object]] = {FLOOR: lambda: run(floor_batch)}
+    ops: Dict[str, Callable[[], object]] = {FLOOR: floor_on(aclient)}
     rows: List[C.Row] = []
     ours: List[str] = []
     if with_locks:
@@ -365,13 +369,7 @@ def uncontended(ctx: Ctx, with_locks: bool) -> List[C.Row]:
         # and on a client made with redis-py's defaults, as most users' are: redis-py 8's has a
         # 5 s socket timeout, which its own commands (the floor's) pay for with asyncio.wait_for
         defaults = default_aclient(ctx.client)
-
-        async def floor_defaults() -> None:
-            for _ in range(k.ops):
-                await defaults.evalsha(sha, 0)
-                await defaults.evalsha(sha, 0)
-
-        ops[FLOOR_DEFAULTS] = lambda: run(floor_defaults)
+        ops[FLOOR_DEFAULTS] = floor_on(defaults)
         ops[DEFAULTS] = batch_of(a_distlock(defaults, "bench:async:uncontended:defaults"))
         ours.append(DEFAULTS)
     C.eprint(f"uncontended: {k.rounds} rounds x {k.ops} ops x {len(ops)} candidates, round-robin")
