@@ -26,6 +26,7 @@ A fake PubSub plays the connection, so that each case is exact; the bounds are h
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any, List, Optional, Tuple
 
 import pytest
@@ -220,7 +221,6 @@ def test_a_read_on_a_connection_closed_under_it_is_a_connection_error() -> None:
     failure closes a connection another is writing on, whose transport then answers
     AttributeError (3.10, 3.13) or TypeError (3.12). The nemesis met both in a cluster restart:
     a read (``AsyncPort.read``) turns them into the ConnectionError they are."""
-    from types import SimpleNamespace
 
     from distlock._redis.aport import AsyncPort
 
@@ -257,7 +257,6 @@ def test_a_script_on_a_connection_closed_under_it_is_a_connection_error() -> Non
     script's exchange (``AsyncPort._exchange``) turns it into a ConnectionError, whose outcome
     the flows already treat as unknown, and leaves the connection closed. The same error on a
     connection still open is a bug of ours, and stays what it is."""
-    from types import SimpleNamespace
 
     from distlock._redis.aport import AsyncPort
 
@@ -271,3 +270,44 @@ def test_a_script_on_a_connection_closed_under_it_is_a_connection_error() -> Non
     with pytest.raises(AttributeError):
         asyncio.run(AsyncPort._exchange(port, still_open, [b"EVALSHA"]))  # type: ignore[arg-type]
     assert still_open.disconnects == 1
+
+
+class _Writer:
+    """A stream writer stub: its transport closing or not, its drain failing or not."""
+
+    def __init__(self, closing: bool = False, fails: bool = False) -> None:
+        self.transport = SimpleNamespace(is_closing=lambda: closing)
+        self.fails = fails
+        self.written: List[Any] = []
+
+    def writelines(self, packed: Any) -> None:
+        self.written.extend(packed)
+
+    async def drain(self) -> None:
+        if self.fails:
+            raise ConnectionResetError("reset by peer")
+
+
+def test_a_script_is_written_on_the_stream_and_its_failures_are_connection_errors() -> None:
+    """``aport.awrite`` writes where redis-py's send_packed_command would, without its
+    wait_for: the packed command on the stream writer; a transport closing, or a write that
+    fails, is a ConnectionError, as redis-py's is; a connection with no writer goes through
+    send_packed_command."""
+    from distlock._redis.aport import awrite
+
+    ok = SimpleNamespace(_writer=_Writer())
+    asyncio.run(awrite(ok, [b"EVALSHA"]))
+    assert ok._writer.written == [b"EVALSHA"]
+    with pytest.raises(redis.ConnectionError, match="closed before"):
+        asyncio.run(awrite(SimpleNamespace(_writer=_Writer(closing=True)), [b"EVALSHA"]))
+    with pytest.raises(redis.ConnectionError, match="reset by peer") as caught:
+        asyncio.run(awrite(SimpleNamespace(_writer=_Writer(fails=True)), [b"EVALSHA"]))
+    assert isinstance(caught.value.__cause__, ConnectionResetError)
+    sent: List[Any] = []
+
+    async def send_packed_command(packed: Any) -> None:
+        sent.append(packed)
+
+    asyncio.run(awrite(SimpleNamespace(_writer=None, send_packed_command=send_packed_command),
+                       [b"EVALSHA"]))
+    assert sent == [[b"EVALSHA"]]
